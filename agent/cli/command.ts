@@ -1,0 +1,40 @@
+// The shape every `bashible <command>` module has. main.ts loads a command's module only
+// when that command runs, so the resident daemon never pays for code it does not use.
+import type { ParseArgsConfig } from "node:util";
+import type { Logger } from "../log.ts";
+
+/** Exit codes are a contract: scripts and systemd act on them. */
+export const EXIT = { ok: 0, error: 1, changesPending: 2 } as const;
+export type ExitCode = (typeof EXIT)[keyof typeof EXIT];
+
+export type OptionSpec = NonNullable<ParseArgsConfig["options"]>;
+export type ParsedValues = Record<string, string | boolean | (string | boolean)[] | undefined>;
+
+export interface CommandContext {
+  values: ParsedValues;
+  positionals: string[];
+  log: Logger;
+  /** Filesystem root the command acts on ("/" on a real node). */
+  root: string;
+  stdout: (text: string) => void;
+}
+
+export interface Command {
+  /** One line for the command list. */
+  summary: string;
+  /** Full help text shown by `bashible <command> --help` (after the usage line). */
+  help: string;
+  /** `usage: bashible <name> …` tail, e.g. "[--root DIR]". */
+  usage: string;
+  options?: OptionSpec;
+  /** Commands whose stdout is their result keep logs on stderr. */
+  logTo?: "stdout" | "stderr";
+  /** Whether `--root` means something to this command. */
+  takesRoot?: boolean;
+  run(ctx: CommandContext): Promise<ExitCode>;
+}
+
+/** An error the user caused or can fix; main prints its message without a stack. */
+export class UsageError extends Error {
+  override name = "UsageError";
+}

@@ -1,0 +1,109 @@
+#!/usr/bin/env node
+// bashible: the node agent's single entry point. Parses the command line, sets up logging,
+// loads the one command module asked for, and turns its outcome into an exit code.
+import { parseArgs } from "node:util";
+import path from "node:path";
+import { EXIT, UsageError, type Command, type OptionSpec } from "./cli/command.ts";
+import { createLogger, type LogFormat } from "./log.ts";
+
+const COMMANDS: Record<string, () => Promise<{ default: Command }>> = {
+  facts: () => import("./commands/facts.ts"),
+  version: () => import("./commands/version.ts"),
+};
+
+const GLOBAL_OPTIONS: OptionSpec = {
+  help: { type: "boolean", short: "h" },
+  "log-format": { type: "string" },
+  "log-level": { type: "string" },
+};
+const ROOT_OPTION: OptionSpec = { root: { type: "string" } };
+
+const GLOBAL_HELP = `Global options:
+  -h, --help              show help for the command
+      --log-format FMT    json (default when not a terminal) or pretty
+      --log-level LEVEL   trace, debug, info (default), warn, error`;
+
+async function mainHelp(): Promise<string> {
+  const lines = await Promise.all(
+    Object.entries(COMMANDS).map(async ([name, load]) => `  ${name.padEnd(10)} ${(await load()).default.summary}`),
+  );
+  return `bashible: the node agent of a Deckhouse-style Kubernetes cluster
+
+usage: bashible <command> [options]
+
+Commands:
+${lines.join("\n")}
+
+${GLOBAL_HELP}
+
+Exit codes: 0 ok, 1 error, 2 changes pending (plan-like commands).
+Run 'bashible <command> --help' for a command's options.
+`;
+}
+
+function commandHelp(name: string, cmd: Command): string {
+  const root = cmd.takesRoot ? "\n      --root DIR          act on the tree under DIR instead of /" : "";
+  return `usage: bashible ${name} ${cmd.usage}\n\n${cmd.summary}\n\n${cmd.help.trimEnd()}\n\n${GLOBAL_HELP}${root}\n`;
+}
+
+export async function main(argv: string[]): Promise<number> {
+  const [name, ...rest] = argv;
+  if (name === undefined || name === "help" || name === "--help" || name === "-h") {
+    const target = name === "help" ? rest[0] : undefined;
+    if (target && COMMANDS[target]) {
+      process.stdout.write(commandHelp(target, (await COMMANDS[target]()).default));
+      return EXIT.ok;
+    }
+    process.stdout.write(await mainHelp());
+    return name === undefined ? EXIT.error : EXIT.ok;
+  }
+  if (name === "--version") return main(["version", ...rest]);
+  const load = COMMANDS[name];
+  if (!load) {
+    process.stderr.write(`bashible: unknown command '${name}'. Run 'bashible --help' for the list.\n`);
+    return EXIT.error;
+  }
+  const cmd = (await load()).default;
+  let parsed: ReturnType<typeof parseArgs>;
+  try {
+    parsed = parseArgs({
+      args: rest,
+      options: { ...GLOBAL_OPTIONS, ...(cmd.takesRoot ? ROOT_OPTION : {}), ...cmd.options },
+      allowPositionals: true,
+      strict: true,
+    });
+  } catch (err) {
+    process.stderr.write(`bashible ${name}: ${(err as Error).message}\nRun 'bashible ${name} --help' for usage.\n`);
+    return EXIT.error;
+  }
+  const { values, positionals } = parsed;
+  if (values.help) {
+    process.stdout.write(commandHelp(name, cmd));
+    return EXIT.ok;
+  }
+  const format = values["log-format"] as string | undefined;
+  if (format !== undefined && format !== "json" && format !== "pretty") {
+    process.stderr.write(`bashible ${name}: --log-format must be json or pretty, not '${format}'\n`);
+    return EXIT.error;
+  }
+  const log = createLogger({
+    format: format as LogFormat | undefined,
+    level: values["log-level"] as string | undefined,
+    to: cmd.logTo ?? "stdout",
+  });
+  const root = path.resolve((values.root as string | undefined) ?? "/");
+  try {
+    return await cmd.run({ values, positionals, log, root, stdout: (t) => process.stdout.write(t) });
+  } catch (err) {
+    if (err instanceof UsageError) {
+      process.stderr.write(`bashible ${name}: ${err.message}\n`);
+    } else {
+      log.error({ err }, `${name} failed: ${(err as Error).message}`);
+    }
+    return EXIT.error;
+  }
+}
+
+const code = await main(process.argv.slice(2));
+// Let pending stdout writes drain; exiting early would truncate piped output.
+process.exitCode = code;

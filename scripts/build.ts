@@ -1,0 +1,89 @@
+// npm run build → dist/bashible: a launcher, the pinned Node 24 runtime (stripped) and the
+// bundled agent. Chosen over a single executable by measurement (docs/benchmarks.md): the
+// launcher's process idles ~18 MB lower, and every node pays for that.
+//
+//   dist/bashible                 POSIX sh launcher; no PATH lookups, so it runs with PATH empty
+//   dist/bashible.d/node          Node.js runtime, the version in devDependencies
+//   dist/bashible.d/app/*.mjs     the agent, one chunk per command (loaded on demand)
+import { build } from "esbuild";
+import { execFileSync } from "node:child_process";
+import { chmod, copyFile, mkdir, rm, writeFile, stat } from "node:fs/promises";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+
+const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
+
+export const LAUNCHER = `#!/bin/sh
+# bashible launcher: runs the bundled agent on the Node.js runtime shipped beside it.
+# Uses no external commands, so it works with an empty PATH and on nodes without Node.js.
+case "$0" in
+  */*) here=\${0%/*} ;;
+  *) here=. ;;
+esac
+if [ ! -x "$here/bashible.d/node" ]; then
+  echo "bashible: runtime not found at $here/bashible.d/node; install the whole bashible directory and run the launcher from it (not through a symlink)" >&2
+  exit 1
+fi
+exec "$here/bashible.d/node" --max-semi-space-size=1 "$here/bashible.d/app/main.mjs" "$@"
+`;
+
+/** Bundles the agent into dir (ESM, code-split so each command loads only its own code). */
+export async function bundleAgent(outdir: string): Promise<void> {
+  await build({
+    entryPoints: { main: path.join(REPO, "agent/main.ts") },
+    outdir,
+    bundle: true,
+    splitting: true,
+    format: "esm",
+    platform: "node",
+    target: "node24",
+    minify: true,
+    keepNames: true,
+    sourcemap: false,
+    outExtension: { ".js": ".mjs" },
+    chunkNames: "chunk-[hash]",
+    legalComments: "none",
+    logLevel: "warning",
+    // CommonJS dependencies call require(); give the ESM bundle a real one.
+    banner: {
+      js: "import { createRequire as __bbCreateRequire } from 'node:module'; const require = __bbCreateRequire(import.meta.url);",
+    },
+  });
+}
+
+export function nodeBinary(): string {
+  return path.join(REPO, "node_modules/node/bin/node");
+}
+
+/** Builds the launcher, runtime and bundle into dist (default: <repo>/dist). */
+export async function buildDist(dist = path.join(REPO, "dist")): Promise<void> {
+  const SHARE = path.join(dist, "bashible.d");
+  await rm(dist, { recursive: true, force: true });
+  await mkdir(path.join(SHARE, "app"), { recursive: true });
+  await bundleAgent(path.join(SHARE, "app"));
+  const runtime = path.join(SHARE, "node");
+  await copyFile(nodeBinary(), runtime);
+  try {
+    execFileSync("strip", [runtime]);
+  } catch {
+    console.warn("build: 'strip' not available; shipping the unstripped runtime");
+  }
+  await chmod(runtime, 0o755);
+  await writeFile(path.join(dist, "bashible"), LAUNCHER, { mode: 0o755 });
+  const size = (await stat(runtime)).size + (await bundleSize(path.join(SHARE, "app")));
+  console.log(
+    `${path.relative(process.cwd(), dist) || "."}/bashible: ${(size / 1e6).toFixed(1)} MB (runtime + bundle)`,
+  );
+}
+
+async function bundleSize(dir: string): Promise<number> {
+  const { readdir } = await import("node:fs/promises");
+  let total = 0;
+  for (const f of await readdir(dir)) total += (await stat(path.join(dir, f))).size;
+  return total;
+}
+
+if (import.meta.main) {
+  const i = process.argv.indexOf("--out");
+  await buildDist(i > 0 ? path.resolve(process.argv[i + 1] ?? "dist") : undefined);
+}

@@ -1,0 +1,295 @@
+// A real control plane on loopback: etcd + kube-apiserver with TLS, RBAC + Node authorizer,
+// NodeRestriction, bootstrap-token auth, service-account keys and the front-proxy flags an
+// aggregated API needs. Used by the tap fixture and by the demo; every instance has its own
+// directory and random ports, so several run side by side.
+import { spawn, execFile, type ChildProcess } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { createServer } from "node:net";
+import { mkdtemp, mkdir, readFile, rm, writeFile, open } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
+import { KubeClient } from "../../agent/kube/client.ts";
+import { loadKubeconfig } from "../../agent/kube/kubeconfig.ts";
+import { createSecret } from "../../agent/kube/api.ts";
+import { createCA, createKeyPair, issueCert, type CertFiles } from "./pki.ts";
+
+const execFileP = promisify(execFile);
+const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
+
+export interface NodeIdentity {
+  name: string;
+  kubeconfig: string;
+  cert: string;
+  key: string;
+}
+
+export interface ControlPlane {
+  dir: string;
+  server: string;
+  binDir: string;
+  ca: CertFiles;
+  frontProxyCA: CertFiles;
+  frontProxyClient: CertFiles;
+  adminKubeconfig: string;
+  admin: KubeClient;
+  /** A client certificate for `system:node:<name>` in `system:nodes`, with its kubeconfig. */
+  mintNode(name: string): Promise<NodeIdentity>;
+  /** A bootstrap token Secret in kube-system; returns `<id>.<secret>`. */
+  mintBootstrapToken(opts?: { extraGroups?: string[]; ttlSeconds?: number }): Promise<string>;
+  /** Writes a kubeconfig for arbitrary credentials against this API server. */
+  writeKubeconfig(file: string, user: { cert?: string; key?: string; token?: string }): Promise<string>;
+  kubectl(args: string[], opts?: { kubeconfig?: string; input?: string }): Promise<string>;
+  stop(): Promise<void>;
+}
+
+export async function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.once("error", reject);
+    srv.listen(0, "127.0.0.1", () => {
+      const addr = srv.address();
+      srv.close(() => (typeof addr === "object" && addr ? resolve(addr.port) : reject(new Error("no port"))));
+    });
+  });
+}
+
+/** Builds (first time) or finds the upstream binaries; see scripts/test-binaries.sh. */
+export async function binaries(): Promise<string> {
+  const { stdout } = await execFileP("bash", [path.join(REPO, "scripts/test-binaries.sh")], {
+    maxBuffer: 16 << 20,
+    timeout: 60 * 60 * 1000,
+  });
+  return stdout.trim().split("\n").pop() ?? "";
+}
+
+const children = new Set<ChildProcess>();
+process.on("exit", () => {
+  for (const c of children) c.kill("SIGKILL");
+});
+
+async function startProcess(bin: string, args: string[], logFile: string): Promise<ChildProcess> {
+  const log = await open(logFile, "a");
+  const child = spawn(bin, args, { stdio: ["ignore", log.fd, log.fd] });
+  await log.close();
+  children.add(child);
+  child.once("exit", () => children.delete(child));
+  return child;
+}
+
+async function tail(file: string, bytes = 3000): Promise<string> {
+  const text = await readFile(file, "utf8").catch(() => "");
+  return text.slice(-bytes);
+}
+
+async function stopProcess(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  const exited = new Promise<void>((r) => child.once("exit", () => r()));
+  child.kill("SIGTERM");
+  const t = setTimeout(() => child.kill("SIGKILL"), 5000);
+  await exited;
+  clearTimeout(t);
+}
+
+function kubeconfigYaml(server: string, caFile: string, user: { cert?: string; key?: string; token?: string }): string {
+  const u = [
+    user.cert ? `    client-certificate: ${user.cert}` : "",
+    user.key ? `    client-key: ${user.key}` : "",
+    user.token ? `    token: ${user.token}` : "",
+  ].filter(Boolean);
+  return `apiVersion: v1
+kind: Config
+clusters:
+- name: local
+  cluster:
+    server: ${server}
+    certificate-authority: ${caFile}
+users:
+- name: user
+  user:
+${u.join("\n")}
+contexts:
+- name: local
+  context: {cluster: local, user: user}
+current-context: local
+`;
+}
+
+export interface StartOptions {
+  /** Parent directory for the instance's files (default: the OS temp dir). */
+  parentDir?: string;
+  /** Seconds to wait for /readyz. */
+  readyTimeoutSeconds?: number;
+  extraApiserverArgs?: string[];
+}
+
+export async function startControlPlane(opts: StartOptions = {}): Promise<ControlPlane> {
+  const binDir = await binaries();
+  const dir = await mkdtemp(path.join(opts.parentDir ?? os.tmpdir(), "bashible-cp-"));
+  const pki = path.join(dir, "pki");
+  await mkdir(pki, { recursive: true });
+  const procs: ChildProcess[] = [];
+  const stop = async () => {
+    for (const p of procs.reverse()) await stopProcess(p);
+    admin?.close();
+    await rm(dir, { recursive: true, force: true });
+  };
+  let admin: KubeClient | undefined;
+  try {
+    const [ca, frontProxyCA, sa] = await Promise.all([
+      createCA(pki, "ca", "kubernetes"),
+      createCA(pki, "front-proxy-ca", "front-proxy-ca"),
+      createKeyPair(pki, "sa"),
+    ]);
+    const [serving, adminCert, frontProxyClient] = await Promise.all([
+      issueCert(pki, "apiserver", ca, {
+        cn: "kube-apiserver",
+        dnsNames: ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"],
+        ips: ["127.0.0.1", "10.96.0.1"],
+      }),
+      issueCert(pki, "admin", ca, { cn: "kubernetes-admin", orgs: ["system:masters"], client: true }),
+      issueCert(pki, "front-proxy-client", frontProxyCA, { cn: "front-proxy-client", client: true }),
+    ]);
+
+    const [etcdClientPort, etcdPeerPort, apiPort] = await Promise.all([freePort(), freePort(), freePort()]);
+    const etcdLog = path.join(dir, "etcd.log");
+    procs.push(
+      await startProcess(
+        path.join(binDir, "etcd"),
+        [
+          "--name=default",
+          `--data-dir=${path.join(dir, "etcd")}`,
+          `--listen-client-urls=http://127.0.0.1:${etcdClientPort}`,
+          `--advertise-client-urls=http://127.0.0.1:${etcdClientPort}`,
+          `--listen-peer-urls=http://127.0.0.1:${etcdPeerPort}`,
+          `--initial-advertise-peer-urls=http://127.0.0.1:${etcdPeerPort}`,
+          `--initial-cluster=default=http://127.0.0.1:${etcdPeerPort}`,
+          "--unsafe-no-fsync",
+          "--log-level=warn",
+        ],
+        etcdLog,
+      ),
+    );
+
+    const apiLog = path.join(dir, "kube-apiserver.log");
+    const server = `https://127.0.0.1:${apiPort}`;
+    procs.push(
+      await startProcess(
+        path.join(binDir, "kube-apiserver"),
+        [
+          `--etcd-servers=http://127.0.0.1:${etcdClientPort}`,
+          "--bind-address=127.0.0.1",
+          "--advertise-address=127.0.0.1",
+          `--secure-port=${apiPort}`,
+          `--cert-dir=${path.join(dir, "apiserver-certs")}`,
+          `--tls-cert-file=${serving.cert}`,
+          `--tls-private-key-file=${serving.key}`,
+          `--client-ca-file=${ca.cert}`,
+          "--authorization-mode=Node,RBAC",
+          "--enable-admission-plugins=NodeRestriction",
+          "--enable-bootstrap-token-auth=true",
+          `--service-account-key-file=${sa.pub}`,
+          `--service-account-signing-key-file=${sa.priv}`,
+          "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+          "--service-cluster-ip-range=10.96.0.0/12",
+          "--allow-privileged=true",
+          // Front proxy: the API server forwards aggregated-API requests with this client
+          // certificate and the user in these headers.
+          `--requestheader-client-ca-file=${frontProxyCA.cert}`,
+          "--requestheader-allowed-names=front-proxy-client",
+          "--requestheader-username-headers=X-Remote-User",
+          "--requestheader-group-headers=X-Remote-Group",
+          "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+          `--proxy-client-cert-file=${frontProxyClient.cert}`,
+          `--proxy-client-key-file=${frontProxyClient.key}`,
+          "--enable-aggregator-routing=true",
+          "--v=1",
+          ...(opts.extraApiserverArgs ?? []),
+        ],
+        apiLog,
+      ),
+    );
+
+    const adminKubeconfig = path.join(dir, "admin.kubeconfig");
+    await writeFile(adminKubeconfig, kubeconfigYaml(server, ca.cert, adminCert));
+    admin = new KubeClient(await loadKubeconfig(adminKubeconfig), { timeoutMs: 5000 });
+
+    const deadline = Date.now() + (opts.readyTimeoutSeconds ?? 90) * 1000;
+    for (;;) {
+      const [etcd, api] = [procs[0], procs[1]];
+      for (const [p, log, what] of [
+        [etcd, etcdLog, "etcd"],
+        [api, apiLog, "kube-apiserver"],
+      ] as const) {
+        if (p && p.exitCode !== null) throw new Error(`${what} exited with ${p.exitCode}:\n${await tail(log)}`);
+      }
+      const res = await admin.raw("GET", "/readyz").catch(() => undefined);
+      if (res?.status === 200) break;
+      if (Date.now() > deadline) throw new Error(`kube-apiserver not ready in time:\n${await tail(apiLog)}`);
+      await new Promise((r) => setTimeout(r, 250));
+    }
+
+    const cp: ControlPlane = {
+      dir,
+      server,
+      binDir,
+      ca,
+      frontProxyCA,
+      frontProxyClient,
+      adminKubeconfig,
+      admin,
+      async writeKubeconfig(file, user) {
+        await writeFile(file, kubeconfigYaml(server, ca.cert, user), { mode: 0o600 });
+        return file;
+      },
+      async mintNode(name) {
+        const ndir = path.join(dir, "nodes", name);
+        await mkdir(ndir, { recursive: true });
+        const c = await issueCert(ndir, "kubelet-client", ca, {
+          cn: `system:node:${name}`,
+          orgs: ["system:nodes"],
+          client: true,
+        });
+        const kubeconfig = await cp.writeKubeconfig(path.join(ndir, "kubelet.conf"), c);
+        return { name, kubeconfig, cert: c.cert, key: c.key };
+      },
+      async mintBootstrapToken(o = {}) {
+        const id = randomBytes(3).toString("hex");
+        const secret = randomBytes(8).toString("hex");
+        const expiration = new Date(Date.now() + (o.ttlSeconds ?? 3600) * 1000).toISOString().replace(/\.\d+Z$/, "Z");
+        await createSecret(admin as KubeClient, {
+          apiVersion: "v1",
+          kind: "Secret",
+          type: "bootstrap.kubernetes.io/token",
+          metadata: { name: `bootstrap-token-${id}`, namespace: "kube-system" },
+          stringData: {
+            "token-id": id,
+            "token-secret": secret,
+            expiration,
+            "usage-bootstrap-authentication": "true",
+            ...(o.extraGroups?.length ? { "auth-extra-groups": o.extraGroups.join(",") } : {}),
+          },
+        });
+        return `${id}.${secret}`;
+      },
+      async kubectl(args, o = {}) {
+        return new Promise((resolve, reject) => {
+          const child = execFile(
+            path.join(binDir, "kubectl"),
+            [`--kubeconfig=${o.kubeconfig ?? adminKubeconfig}`, ...args],
+            { maxBuffer: 64 << 20 },
+            (err, stdout, stderr) =>
+              err ? reject(new Error(`kubectl ${args.join(" ")}: ${stderr || err.message}`)) : resolve(stdout),
+          );
+          if (o.input !== undefined) child.stdin?.end(o.input);
+        });
+      },
+      stop,
+    };
+    return cp;
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+}

@@ -1,0 +1,29 @@
+import t from "tap";
+import { spawnSync } from "node:child_process";
+import { prettyLine } from "../../agent/log.ts";
+
+const script = (format: string) => `
+import { createLogger } from "${new URL("../../agent/log.ts", import.meta.url).pathname}";
+const log = createLogger({ format: "${format}" });
+log.info({ token: "s3cr3t-token", headers: { authorization: "Bearer s3cr3t" }, user: { passwordHash: "$6$hash" }, step: "kubelet" }, "step done");
+`;
+
+t.test("JSON logs on stdout never carry secrets", async (t) => {
+  const r = spawnSync(process.execPath, ["--input-type=module", "-e", script("json")], { encoding: "utf8" });
+  t.equal(r.status, 0, r.stderr);
+  const rec = JSON.parse(r.stdout.trim());
+  t.equal(rec.msg, "step done");
+  t.equal(rec.level, "info");
+  t.equal(rec.step, "kubelet");
+  t.notMatch(r.stdout, /s3cr3t|\$6\$hash/);
+});
+
+t.test("pretty logs are one readable line, also redacted", async (t) => {
+  const r = spawnSync(process.execPath, ["--input-type=module", "-e", script("pretty")], { encoding: "utf8" });
+  t.match(r.stdout, /^\d\d:\d\d:\d\d INFO  step done {2}.*step=kubelet/);
+  t.notMatch(r.stdout, /s3cr3t|\$6\$hash/);
+});
+
+t.test("prettyLine passes non-JSON through", async (t) => {
+  t.equal(prettyLine("plain text"), "plain text");
+});
