@@ -1,0 +1,65 @@
+// Installs the deckhouse.io CRDs (NodeGroup, NodeGroupConfiguration, NodeUser) and waits until
+// the API server serves them. Used by tests, the demo and `bashible server --install-crds`.
+import { readFile } from "node:fs/promises";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { parse } from "yaml";
+import type { KubeClient } from "../../agent/kube/client.ts";
+import { isConflict, isNotFound } from "../../agent/kube/errors.ts";
+import type { KubeObject } from "../../agent/kube/api.ts";
+
+const DIR = path.dirname(fileURLToPath(import.meta.url));
+export const CRD_FILES = ["nodegroup.yaml", "nodegroupconfiguration.yaml", "nodeuser.yaml"] as const;
+const CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
+
+export async function loadCrds(): Promise<KubeObject[]> {
+  return Promise.all(CRD_FILES.map(async (f) => parse(await readFile(path.join(DIR, f), "utf8")) as KubeObject));
+}
+
+/** Creates or replaces each CRD, then waits (bounded) for every one to be Established. */
+export async function installCrds(client: KubeClient, opts: { timeoutMs?: number } = {}): Promise<void> {
+  const crds = await loadCrds();
+  for (const crd of crds) {
+    const name = crd.metadata.name;
+    for (let attempt = 0; ; attempt++) {
+      try {
+        const existing = await client.request<KubeObject>("GET", `${CRD_PATH}/${name}`);
+        await client.request("PUT", `${CRD_PATH}/${name}`, {
+          body: { ...crd, metadata: { ...crd.metadata, resourceVersion: existing.metadata.resourceVersion } },
+        });
+        break;
+      } catch (err) {
+        if (isNotFound(err)) {
+          await client.request("POST", CRD_PATH, { body: crd });
+          break;
+        }
+        if (isConflict(err) && attempt < 5) continue;
+        throw err;
+      }
+    }
+  }
+  const deadline = Date.now() + (opts.timeoutMs ?? 30_000);
+  for (const crd of crds) {
+    const name = crd.metadata.name;
+    for (;;) {
+      const got = await client.request<KubeObject>("GET", `${CRD_PATH}/${name}`);
+      const conds = ((got.status as { conditions?: { type: string; status: string }[] })?.conditions ?? []).filter(
+        (c) => c.status === "True",
+      );
+      if (conds.some((c) => c.type === "Established")) break;
+      if (Date.now() > deadline) throw new Error(`CRD ${name} not Established within ${opts.timeoutMs ?? 30_000} ms`);
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+  // Established can precede discovery by a moment; wait until each resource is listable.
+  for (const crd of crds) {
+    const spec = crd.spec as { group: string; names: { plural: string }; versions: { name: string }[] };
+    const p = `/apis/${spec.group}/${spec.versions[0]?.name}/${spec.names.plural}`;
+    for (;;) {
+      const res = await client.raw("GET", p, { query: { limit: 1 } });
+      if (res.status === 200) break;
+      if (Date.now() > deadline) throw new Error(`${p} not served within ${opts.timeoutMs ?? 30_000} ms`);
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+}
