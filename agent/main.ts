@@ -7,7 +7,11 @@ import { EXIT, UsageError, type Command, type OptionSpec } from "./cli/command.t
 import { createLogger, type LogFormat } from "./log.ts";
 
 const COMMANDS: Record<string, () => Promise<{ default: Command }>> = {
+  once: () => import("./commands/once.ts"),
+  plan: () => import("./commands/plan.ts"),
+  status: () => import("./commands/status.ts"),
   facts: () => import("./commands/facts.ts"),
+  "packages-proxy": () => import("../cluster/packages-proxy/command.ts"),
   version: () => import("./commands/version.ts"),
 };
 

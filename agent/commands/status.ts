@@ -1,0 +1,49 @@
+import { EXIT, type Command } from "../cli/command.ts";
+import { Host } from "../host/host.ts";
+import { readAppliedChecksum, readStatus, type Status } from "../converge/state.ts";
+import { osProfile } from "../converge/converge.ts";
+
+function formatStatus(s: Status, applied: string | undefined): string {
+  const l: string[] = [];
+  l.push(`applied checksum: ${applied ?? "(none: the next run applies everything)"}`);
+  if (s.appliedAt) l.push(`applied at:       ${s.appliedAt}`);
+  if (s.failedChecksum) l.push(`failed checksum:  ${s.failedChecksum} (${s.failureCount} failed run${s.failureCount === 1 ? "" : "s"} in a row)`);
+  if (s.lastRun) {
+    l.push(`last run:         ${s.lastRun.outcome} at ${s.lastRun.finishedAt} (${s.lastRun.reason})`);
+    if (s.lastRun.error) l.push(`last error:       ${s.lastRun.error}`);
+  } else {
+    l.push("last run:         never");
+  }
+  if (s.fetchError) l.push(`fetch problem:    ${s.fetchError.message} (at ${s.fetchError.at})`);
+  if (s.nextRunAt) l.push(`next run:         ${s.nextRunAt}`);
+  if (s.steps.length) {
+    l.push("", "steps:");
+    for (const st of s.steps) {
+      const extra = st.error ? `: ${st.error}` : st.warnings?.length ? `: ${st.warnings.join("; ")}` : "";
+      l.push(`  ${st.outcome.padEnd(9)} ${st.name} (${st.kind}, ${st.attempts} attempt${st.attempts === 1 ? "" : "s"}, ${st.durationMs} ms)${extra}`);
+    }
+  }
+  return `${l.join("\n")}\n`;
+}
+
+const status: Command = {
+  summary: "show the last converge: outcome, per-step results, checksums, failures",
+  usage: "[--root DIR] [--json]",
+  help: `Reads /var/lib/bashible/status.json and configuration_checksum.
+
+Exit: 0 when the last run applied or was in sync, 1 when it failed or is waiting.
+
+Options:
+      --json              print the raw status as JSON`,
+  options: { json: { type: "boolean" } },
+  takesRoot: true,
+  logTo: "stderr",
+  async run({ values, root, stdout }) {
+    const host = new Host(root, await osProfile(root).catch(() => ({ id: "", versionId: "", family: "debian" as const, packageManager: "apt" as const })));
+    const [s, applied] = await Promise.all([readStatus(host), readAppliedChecksum(host)]);
+    stdout(values.json ? `${JSON.stringify({ ...s, configurationChecksum: applied }, null, 2)}\n` : formatStatus(s, applied));
+    const ok = !s.lastRun || s.lastRun.outcome === "applied" || s.lastRun.outcome === "in-sync";
+    return ok ? EXIT.ok : EXIT.error;
+  },
+};
+export default status;

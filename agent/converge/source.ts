@@ -1,0 +1,85 @@
+// Where bundles come from: the aggregated API (through the node's API proxy, falling back to
+// the API servers the last bundle named) or, in local mode, a file. Sources return raw bytes;
+// acceptBundle() decides whether they are a bundle.
+import { readFile, readdir, stat } from "node:fs/promises";
+import path from "node:path";
+import { createHash } from "node:crypto";
+import type { KubeClient } from "../kube/client.ts";
+import { KubeStatusError, type KubeError } from "../kube/errors.ts";
+import { API_VERSION } from "../../bundles/types.ts";
+
+export type Fetched = { raw: Buffer; etag?: string; via?: KubeClient } | { notModified: true; via?: KubeClient };
+
+export interface BundleSource {
+  readonly description: string;
+  fetch(etag?: string): Promise<Fetched>;
+}
+
+export const bundlePath = (group: string) => `/apis/${API_VERSION}/nodegroupbundles/${encodeURIComponent(group)}`;
+
+export class FileBundleSource implements BundleSource {
+  readonly description: string;
+  private readonly file: string;
+  constructor(file: string) {
+    this.file = file;
+    this.description = `file ${file}`;
+  }
+  async fetch(etag?: string): Promise<Fetched> {
+    const raw = await readFile(this.file);
+    const tag = createHash("sha256").update(raw).digest("hex");
+    return tag === etag ? { notModified: true } : { raw, etag: tag };
+  }
+}
+
+/** `--bundle DIR`: DIR/<group>.json, or the only *.json in DIR. */
+export async function resolveBundleFile(p: string, group?: string): Promise<string> {
+  const s = await stat(p).catch(() => undefined);
+  if (!s) throw new Error(`--bundle ${p}: no such file or directory`);
+  if (s.isFile()) return p;
+  if (group) return path.join(p, `${group}.json`);
+  const json = (await readdir(p)).filter((f) => f.endsWith(".json"));
+  if (json.length !== 1) {
+    throw new Error(`--bundle ${p}: ${json.length} bundles in the directory; say which with --node-group`);
+  }
+  return path.join(p, json[0] as string);
+}
+
+/** Transport failures move on to the next endpoint; an answer with a status does not. */
+const transport = (e: unknown) => !(e instanceof KubeStatusError);
+
+export class ApiBundleSource implements BundleSource {
+  readonly description: string;
+  private readonly clients: KubeClient[];
+  private readonly group: string;
+  constructor(clients: KubeClient[], group: string) {
+    this.clients = clients;
+    this.group = group;
+    this.description = `${clients.map((c) => c.connection.server).join(", ")} nodegroupbundles/${group}`;
+  }
+  async fetch(etag?: string): Promise<Fetched> {
+    const errors: string[] = [];
+    for (const via of this.clients) {
+      try {
+        const res = await via.raw("GET", bundlePath(this.group), {
+          headers: etag ? { "If-None-Match": `"${etag}"` } : {},
+        });
+        if (res.status === 304) return { notModified: true, via };
+        if (res.status !== 200) {
+          let message = res.body.toString("utf8").slice(0, 300);
+          try {
+            message = (JSON.parse(message) as { message?: string }).message ?? message;
+          } catch {
+            // keep the raw text
+          }
+          throw new KubeStatusError(res.status, "", `GET nodegroupbundles/${this.group}: ${res.status}: ${message}`, via.url(bundlePath(this.group)));
+        }
+        const tag = String(res.headers.etag ?? "").replace(/^W\//, "").replace(/"/g, "") || undefined;
+        return { raw: res.body, etag: tag, via };
+      } catch (err) {
+        if (!transport(err)) throw err;
+        errors.push((err as KubeError).message);
+      }
+    }
+    throw new Error(`no API endpoint answered: ${errors.join("; ")}`);
+  }
+}
