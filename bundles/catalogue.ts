@@ -1,0 +1,56 @@
+// The step catalogue: which built-in steps every bundle has, under which names, in which
+// order, and how custom NodeGroupConfiguration scripts join them. The renderer (cluster/render)
+// validates its inputs and hands this module plain values; the output is the `steps` list of a
+// NodeGroupBundle (bundles/types.ts), ordered by name.
+import type { BundleStep, NodeUserSpec, RegistryPackageRef } from "./types.ts";
+
+export interface CatalogueInput {
+  users: NodeUserSpec[];
+  clusterCA: string;
+  registryCA?: string | undefined;
+  packages: RegistryPackageRef[];
+  scripts: { name: string; weight: number; script: string; bundles: string[] }[];
+}
+
+/** Built-in steps by name. Custom scripts may not take these names. */
+export const BUILTIN_STEPS = {
+  nodeUsers: "000_node_users",
+  caCertificates: "003_ca_certificates",
+  deckhousePath: "004_deckhouse_path",
+  registryPackages: "007_registry_packages",
+} as const;
+
+export const BUILTIN_STEP_NAMES: ReadonlySet<string> = new Set(Object.values(BUILTIN_STEPS));
+
+/** `NNN_<name>`: the weight, zero-padded to three digits, orders custom steps among built-ins. */
+export function scriptStepName(weight: number, name: string): string {
+  return `${String(weight).padStart(3, "0")}_${name}`;
+}
+
+export class StepNameClashError extends Error {
+  override name = "StepNameClashError";
+  readonly step: string;
+  constructor(step: string, source: string) {
+    super(`step name ${step} (from ${source}) is taken by a built-in step; rename the object or change its weight`);
+    this.step = step;
+  }
+}
+
+export function catalogueSteps(input: CatalogueInput): BundleStep[] {
+  const certificates = [{ name: "kubernetes-ca", pem: input.clusterCA }];
+  if (input.registryCA) certificates.push({ name: "registry-ca", pem: input.registryCA });
+  const steps: BundleStep[] = [
+    { name: BUILTIN_STEPS.nodeUsers, kind: "NodeUsers", spec: { users: input.users } },
+    { name: BUILTIN_STEPS.caCertificates, kind: "CACertificates", spec: { certificates } },
+    { name: BUILTIN_STEPS.deckhousePath, kind: "DeckhousePath", spec: {} },
+    { name: BUILTIN_STEPS.registryPackages, kind: "RegistryPackages", spec: { packages: input.packages } },
+  ];
+  for (const s of input.scripts) {
+    const name = scriptStepName(s.weight, s.name);
+    const source = `NodeGroupConfiguration/${s.name}`;
+    if (BUILTIN_STEP_NAMES.has(name)) throw new StepNameClashError(name, source);
+    steps.push({ name, kind: "Script", spec: { script: s.script, weight: s.weight, source, bundles: s.bundles } });
+  }
+  // Code-unit order, not locale order: the same on every machine.
+  return steps.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+}

@@ -1,0 +1,145 @@
+// Input checks that turn bad objects into RenderErrors naming the object, before anything is
+// rendered. The CRDs refuse most of these already; objects from --config-dir (or a CRD
+// installed by someone else) do not pass through that validation, so the server checks again.
+import { BUNDLE_FAMILIES } from "./families.ts";
+import { RenderError } from "./errors.ts";
+import type { ClusterContext, NodeGroupConfigurationObject, NodeUserObject } from "./inputs.ts";
+
+export const MAX_SCRIPT_BYTES = 256 * 1024;
+const GROUP_NAME = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
+const NGC_NAME = /^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$/;
+const USER_NAME = /^[a-z_][a-z0-9_-]{0,31}$/;
+const PACKAGE_NAME = /^[a-z0-9][a-z0-9._-]{0,62}$/;
+const DIGEST = /^sha256:[0-9a-f]{64}$/;
+const ENDPOINT = /^[A-Za-z0-9.-]+:[0-9]{1,5}$|^\[[0-9a-fA-F:]+\]:[0-9]{1,5}$/;
+/** Safe inside a double-quoted shell word and in sed: what bootstrap scripts and sed read. */
+const SHELL_SAFE = /^[A-Za-z0-9:./_-]+$/;
+/** Accounts every distribution has or that the agent and Kubernetes need for themselves. */
+const RESERVED_USERS = new Set([
+  "root",
+  "daemon",
+  "bin",
+  "sys",
+  "sync",
+  "games",
+  "man",
+  "lp",
+  "mail",
+  "news",
+  "uucp",
+  "proxy",
+  "www-data",
+  "backup",
+  "list",
+  "irc",
+  "nobody",
+  "systemd-network",
+  "systemd-resolve",
+  "messagebus",
+  "sshd",
+  "deckhouse",
+  "kubelet",
+  "containerd",
+]);
+
+export function checkGroupName(name: string): void {
+  if (typeof name !== "string" || name.length > 42 || !GROUP_NAME.test(name)) {
+    throw new RenderError(
+      `NodeGroup/${name}`,
+      "invalid name: use at most 42 lower-case letters, digits and '-', starting and ending with a letter or digit",
+    );
+  }
+}
+
+export function checkNodeUser(u: NodeUserObject): void {
+  const name = u.metadata?.name;
+  const obj = `NodeUser/${name}`;
+  if (typeof name !== "string" || !USER_NAME.test(name)) {
+    throw new RenderError(obj, "invalid user name: use lower-case letters, digits, '_' and '-' (at most 32)");
+  }
+  if (RESERVED_USERS.has(name)) throw new RenderError(obj, `'${name}' is a system account and cannot be a NodeUser`);
+  const uid = u.spec?.uid;
+  if (!Number.isInteger(uid) || uid <= 1000 || uid >= 60000) {
+    throw new RenderError(obj, `uid ${uid} is not allowed: use 1001..59999 (uids up to 1000 belong to the system)`);
+  }
+  const keys = u.spec.sshPublicKeys ?? [];
+  if (!Array.isArray(keys) || keys.some((k) => typeof k !== "string" || /[\r\n]/.test(k) || !k.trim())) {
+    throw new RenderError(obj, "sshPublicKeys must be single-line strings");
+  }
+  const hash = u.spec.passwordHash;
+  if (hash !== undefined && (typeof hash !== "string" || /[:\r\n]/.test(hash))) {
+    throw new RenderError(obj, "passwordHash must be one /etc/shadow field (no ':' or newline)");
+  }
+  for (const g of u.spec.extraGroups ?? []) {
+    if (typeof g !== "string" || !USER_NAME.test(g))
+      throw new RenderError(obj, `extraGroups: invalid group name '${g}'`);
+  }
+}
+
+export function checkConfiguration(c: NodeGroupConfigurationObject): void {
+  const name = c.metadata?.name;
+  const obj = `NodeGroupConfiguration/${name}`;
+  if (typeof name !== "string" || name.length > 63 || !NGC_NAME.test(name)) {
+    throw new RenderError(obj, "invalid name: use lower-case letters, digits, '-', '_' and '.'");
+  }
+  const weight = c.spec?.weight ?? 100;
+  if (!Number.isInteger(weight) || weight < 0 || weight > 999) {
+    throw new RenderError(obj, `weight ${weight} is out of range 0..999`);
+  }
+  if (typeof c.spec.content !== "string" || !c.spec.content.trim()) throw new RenderError(obj, "content is empty");
+  for (const b of c.spec.bundles ?? []) {
+    if (b !== "*" && !(BUNDLE_FAMILIES as readonly string[]).includes(b)) {
+      throw new RenderError(obj, `unknown bundle '${b}' in spec.bundles; known: *, ${BUNDLE_FAMILIES.join(", ")}`);
+    }
+  }
+}
+
+export function checkScriptSize(obj: string, script: string): void {
+  const bytes = Buffer.byteLength(script, "utf8");
+  if (bytes > MAX_SCRIPT_BYTES) {
+    throw new RenderError(obj, `rendered script is ${bytes} bytes; the limit is ${MAX_SCRIPT_BYTES} (256 KiB)`);
+  }
+}
+
+export function checkContext(c: ClusterContext): void {
+  const bad = (msg: string) => new RenderError("context", msg);
+  if (!c || typeof c !== "object") throw bad("missing");
+  if (typeof c.clusterUUID !== "string" || !c.clusterUUID) throw bad("clusterUUID is required");
+  if (typeof c.kubernetesVersion !== "string" || !/^\d+\.\d+(\.\d+)?$/.test(c.kubernetesVersion)) {
+    throw bad(`kubernetesVersion '${c.kubernetesVersion}' is not like 1.34 or 1.34.4`);
+  }
+  if (!Array.isArray(c.apiserverEndpoints) || !c.apiserverEndpoints.length) {
+    throw bad("apiserverEndpoints needs at least one host:port");
+  }
+  for (const e of c.apiserverEndpoints) if (!ENDPOINT.test(e)) throw bad(`apiserverEndpoints: '${e}' is not host:port`);
+  if (typeof c.clusterCA !== "string" || !c.clusterCA.includes("-----BEGIN CERTIFICATE-----")) {
+    throw bad("clusterCA must be a PEM certificate");
+  }
+  if (c.registry?.ca !== undefined && !c.registry.ca.includes("-----BEGIN CERTIFICATE-----")) {
+    throw bad("registry.ca must be a PEM certificate");
+  }
+  const proxy = c.packagesProxy;
+  if (!proxy || !Array.isArray(proxy.endpoints) || !proxy.endpoints.length) {
+    throw bad("packagesProxy.endpoints needs at least one host:port");
+  }
+  for (const e of proxy.endpoints) if (!ENDPOINT.test(e)) throw bad(`packagesProxy.endpoints: '${e}' is not host:port`);
+  if (typeof proxy.token !== "string" || !/^[A-Za-z0-9._~+/=-]+$/.test(proxy.token)) {
+    throw bad("packagesProxy.token must be a non-empty bearer token");
+  }
+  for (const [name, p] of Object.entries(c.packages ?? {})) {
+    if (!PACKAGE_NAME.test(name)) throw bad(`packages: invalid package name '${name}'`);
+    if (!DIGEST.test(p?.digest ?? "")) throw bad(`packages.${name}.digest must be sha256:<64 hex>`);
+    if (p.repository !== undefined && !SHELL_SAFE.test(p.repository)) {
+      throw bad(`packages.${name}.repository '${p.repository}' has characters other than [A-Za-z0-9:./_-]`);
+    }
+  }
+  if (!c.agent || !c.packages?.[c.agent.package]) {
+    throw bad(
+      `agent.package '${c.agent?.package}' must name one of packages (${Object.keys(c.packages ?? {}).join(", ")})`,
+    );
+  }
+  if (typeof c.agent.version !== "string" || !SHELL_SAFE.test(c.agent.version)) throw bad("agent.version is required");
+  if (c.registry && !SHELL_SAFE.test(`${c.registry.address}/${c.registry.path}`)) {
+    throw bad("registry.address and registry.path must be plain host[:port] and path");
+  }
+}

@@ -1,0 +1,199 @@
+// The renderer through its public surface: inputs from the example config dir in, served
+// objects out. Determinism, what changes the checksum and what does not, and clear errors.
+import t from "tap";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { loadConfigDir } from "../../cluster/sources/directory.ts";
+import { renderAll, renderGroup, serialize } from "../../cluster/render/render.ts";
+import { RenderError } from "../../cluster/render/errors.ts";
+import type { NodeGroupObject, RenderInputs } from "../../cluster/render/inputs.ts";
+import { EPOCH_SECONDS, updateEpoch, nextEpochChangeMs } from "../../cluster/render/update-epoch.ts";
+import { bundleChecksum } from "../../bundles/checksum.ts";
+
+const EXAMPLE = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../../examples/cluster");
+const loaded = await loadConfigDir(EXAMPLE);
+const base = loaded.snapshot.inputs as RenderInputs;
+const NOW = Date.parse("2026-01-01T00:00:00Z");
+const worker = () => structuredClone(base.nodeGroups.find((g) => g.metadata.name === "worker")!) as NodeGroupObject;
+const inputs = (patch: Partial<RenderInputs> = {}): RenderInputs => ({ ...structuredClone(base), ...patch });
+const render = (i: RenderInputs, ng = i.nodeGroups[0]!, now = NOW) => renderGroup(ng, i, now);
+
+t.test("the example renders the built-in steps and the NGC in name order", async (t) => {
+  const r = render(inputs());
+  t.same(
+    r.bundle.steps.map((s) => `${s.name}:${s.kind}`),
+    [
+      "000_node_users:NodeUsers",
+      "003_ca_certificates:CACertificates",
+      "004_deckhouse_path:DeckhousePath",
+      "007_registry_packages:RegistryPackages",
+      "050_sysctl-tuning:Script",
+    ],
+  );
+  const script = r.bundle.steps[4]!;
+  t.match(script.kind === "Script" && script.spec.script, /tuning sysctls for node group worker/, "mustache rendered");
+  t.equal(r.checksum, bundleChecksum(r.bundle));
+  t.match(r.checksum, /^[0-9a-f]{64}$/);
+  t.equal(r.bundle.metadata.annotations?.["bashible.deckhouse.io/configuration-checksum"], r.checksum);
+  const pk = r.bundle.steps[3]!;
+  t.same(pk.kind === "RegistryPackages" && pk.spec.packages.map((p) => `${p.name}@${p.repository}`), [
+    "bashible@registry.example.com/deckhouse/ce/packages",
+    "containerd@registry.example.com/deckhouse/ce/packages",
+    "kubelet@registry.example.com/deckhouse/ce/packages",
+  ]);
+});
+
+t.test("same inputs give byte-identical output, whatever the input order", async (t) => {
+  const a = render(inputs());
+  const shuffled = inputs();
+  shuffled.users.push({
+    metadata: { name: "bob" },
+    spec: { uid: 1200, sshPublicKeys: ["ssh-ed25519 AAAA bob"] },
+  });
+  const ordered = inputs({ users: [...shuffled.users].reverse() });
+  t.equal(serialize(render(shuffled).bundle), serialize(render(ordered).bundle));
+  t.equal(serialize(render(inputs()).bundle), serialize(a.bundle));
+  t.equal(serialize(render(inputs()).bootstrap), serialize(a.bootstrap));
+});
+
+t.test("scaling a group does not change its checksum; its approval mode does", async (t) => {
+  const before = render(inputs()).checksum;
+  const scaled = worker();
+  scaled.spec.staticInstances = { count: 7 };
+  scaled.spec.cloudInstances = { minPerZone: 1, maxPerZone: 9 };
+  scaled.spec.update = { maxConcurrent: 3 };
+  t.equal(render(inputs(), scaled).checksum, before);
+  const manual = worker();
+  manual.spec.disruptions = { approvalMode: "Manual" };
+  t.not(render(inputs(), manual).checksum, before);
+});
+
+t.test("a NodeUser or NGC change changes only the groups it selects", async (t) => {
+  const other: NodeGroupObject = { metadata: { name: "frontend" }, spec: { nodeType: "CloudEphemeral" } };
+  const i = inputs({ nodeGroups: [worker(), other] });
+  const before = renderAll(i, NOW);
+  const j = inputs({ nodeGroups: [worker(), other] });
+  j.configurations[0]!.spec.content += "echo more\n"; // selects worker only
+  const after = renderAll(j, NOW);
+  t.not(after.groups.get("worker")!.checksum, before.groups.get("worker")!.checksum);
+  t.equal(after.groups.get("frontend")!.checksum, before.groups.get("frontend")!.checksum);
+});
+
+t.test("the checksum changes once per 4 hours, at a different moment for each group", async (t) => {
+  const uuid = base.context.clusterUUID;
+  const changes = (group: string) => {
+    const seen: number[] = [];
+    let prev = updateEpoch(uuid, group, NOW);
+    for (let m = 1; m <= 8 * 60; m++) {
+      const e = updateEpoch(uuid, group, NOW + m * 60_000);
+      if (e !== prev) seen.push(m);
+      prev = e;
+    }
+    return seen;
+  };
+  const w = changes("worker");
+  const f = changes("frontend");
+  t.equal(w.length, 2, "two changes in 8 hours");
+  t.equal(w[1]! - w[0]!, 240, "4 hours apart");
+  t.not(w[0], f[0], "groups are staggered");
+  const next = nextEpochChangeMs(uuid, "worker", NOW);
+  t.equal(Math.ceil((next - NOW) / 60_000), w[0], "the server knows when to re-render");
+  t.ok(next - NOW <= EPOCH_SECONDS * 1000);
+  const a = render(inputs(), worker(), NOW);
+  const b = render(inputs(), worker(), next);
+  t.not(a.checksum, b.checksum);
+  t.equal(render(inputs(), worker(), next - 1).checksum, a.checksum);
+});
+
+const renderErr = (i: RenderInputs, ng?: NodeGroupObject) => {
+  try {
+    render(i, ng);
+  } catch (err) {
+    return err as RenderError;
+  }
+  throw new Error("expected a RenderError");
+};
+
+t.test("bad input gives an error naming the object", async (t) => {
+  const bad = renderErr(inputs(), { metadata: { name: "Bad_Name" }, spec: { nodeType: "Static" } });
+  t.type(bad, RenderError);
+  t.match(bad.message, /NodeGroup\/Bad_Name: invalid name/);
+
+  const clash = inputs();
+  clash.configurations.push({ metadata: { name: "node_users" }, spec: { content: "true", weight: 0 } });
+  t.match(renderErr(clash).message, /NodeGroupConfiguration\/node_users: step name 000_node_users .* built-in/);
+
+  const huge = inputs();
+  huge.configurations[0]!.spec.content = `#!/bin/bash\n${"x".repeat(300 * 1024)}`;
+  t.match(renderErr(huge).message, /NodeGroupConfiguration\/sysctl-tuning: .* limit is 262144/);
+
+  for (const [name, uid, msg] of [
+    ["low", 1000, /NodeUser\/low: uid 1000 is not allowed/],
+    ["root", 1500, /NodeUser\/root: 'root' is a system account/],
+    ["../x", 1500, /NodeUser\/..\/x: invalid user name/],
+  ] as const) {
+    const i = inputs();
+    i.users.push({ metadata: { name }, spec: { uid, sshPublicKeys: ["ssh-ed25519 AAAA x"] } });
+    t.match(renderErr(i).message, msg);
+  }
+
+  const os = inputs();
+  os.configurations[0]!.spec.bundles = ["windows"];
+  t.match(renderErr(os).message, /NodeGroupConfiguration\/sysctl-tuning: unknown bundle 'windows'/);
+
+  const tpl = inputs();
+  tpl.configurations[0]!.spec.content = "echo {{#nodeGroup}} unclosed";
+  t.match(renderErr(tpl).message, /NodeGroupConfiguration\/sysctl-tuning: template does not render: Unclosed section/);
+
+  const ctx = inputs();
+  ctx.context.packages.bashible!.digest = "sha256:nope";
+  t.match(renderErr(ctx).message, /context: packages.bashible.digest/);
+});
+
+t.test("one group's bad input does not stop the others", async (t) => {
+  const i = inputs({
+    nodeGroups: [worker(), { metadata: { name: "frontend" }, spec: { nodeType: "Static" } }],
+  });
+  i.users.push({
+    metadata: { name: "mallory" },
+    spec: { uid: 0, sshPublicKeys: ["ssh-rsa A"], nodeGroups: ["frontend"] },
+  });
+  const r = renderAll(i, NOW);
+  t.ok(r.groups.has("worker"));
+  t.notOk(r.groups.has("frontend"));
+  t.match(r.errors.get("frontend")?.message, /NodeUser\/mallory/);
+});
+
+t.test("NGC scripts cannot reach the packages proxy token", async (t) => {
+  const i = inputs();
+  i.configurations[0]!.spec.content = "echo '{{packagesProxy.token}}' {{packagesProxy.endpoints}}";
+  const s = render(i).bundle.steps.find((x) => x.kind === "Script")!;
+  t.equal(s.kind === "Script" && s.spec.script, "echo '' 127.0.0.1:4219");
+});
+
+t.test("bashibles and bootstrap carry the agent package and a cleanup script", async (t) => {
+  const r = render(inputs());
+  const data = r.bashible.data as Record<string, string>;
+  t.equal(data["agent.package"], "bashible");
+  t.match(data["agent.digest"], /^sha256:[0-9a-f]{64}$/);
+  t.match(data["cleanup_static_node.sh"], /--yes-i-am-sane-and-i-understand-what-i-am-doing/);
+  t.match(data["cleanup_static_node.sh"], /\/var\/lib\/kubelet/);
+  t.match(r.bootstrap.bootstrap, /bashibles\/worker/);
+  t.match(r.bootstrap.bootstrap, /sha256sum/);
+});
+
+t.test("rendering a group with 60 steps stays fast", async (t) => {
+  const i = inputs();
+  for (let n = 0; n < 56; n++) {
+    i.configurations.push({
+      metadata: { name: `step-${n}` },
+      spec: { content: `echo ${n}\n`.repeat(50), weight: 100 + n },
+    });
+  }
+  const r = render(i);
+  t.equal(r.bundle.steps.length, 61);
+  const started = performance.now();
+  for (let k = 0; k < 20; k++) render(i);
+  const ms = (performance.now() - started) / 20;
+  t.ok(ms < 200, `render + checksum took ${ms.toFixed(1)} ms (bench goal 20 ms; loose bound here)`);
+});
