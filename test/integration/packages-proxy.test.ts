@@ -1,0 +1,179 @@
+// The registry-packages proxy in front of a real docker-registry: token check, digest
+// verification, on-disk cache, one upstream fetch for many identical requests, ETag / 304,
+// refusal of tampered and truncated upstream blobs, and the `bashible packages-proxy` CLI.
+import t from "tap";
+import { spawn } from "node:child_process";
+import { readdir, open, truncate, writeFile } from "node:fs/promises";
+import https from "node:https";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { withProxy } from "../fixtures/packages-proxy.ts";
+import { buildLayer, binaryPackage, randomish, sha256 } from "../fixtures/registry.ts";
+import { freePort } from "../../scripts/lib/control-plane.ts";
+
+const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
+const f = await withProxy(t);
+
+interface Res {
+  status: number;
+  headers: Record<string, string | string[] | undefined>;
+  body: Buffer;
+}
+
+function get(url: string, headers: Record<string, string> = {}, ca = f.clusterCA, method = "GET"): Promise<Res> {
+  return new Promise((resolve, reject) => {
+    const req = https.request(url, { method, headers, ca }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on("data", (c: Buffer) => chunks.push(c));
+      res.on("end", () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks) }));
+      res.on("error", reject);
+    });
+    req.on("error", reject);
+    req.end();
+  });
+}
+
+const auth = { authorization: `Bearer ${f.token}` };
+const pkgUrl = (base: string, digest: string, repository = "deckhouse/packages/jq") =>
+  `${base}/package?digest=${digest}&repository=${encodeURIComponent(repository)}`;
+
+async function cachedFiles(dir: string): Promise<string[]> {
+  const out: string[] = [];
+  for (const sub of await readdir(path.join(dir, "sha256")).catch(() => [])) {
+    for (const name of await readdir(path.join(dir, "sha256", sub))) out.push(name);
+  }
+  return out;
+}
+
+t.test("serves a package blob by digest with ETag, and answers If-None-Match with 304", async (t) => {
+  const layer = await buildLayer(binaryPackage("jq", "1.7"));
+  const { digest } = await f.registry.pushPackage("deckhouse/packages/jq", "1.7", layer);
+  const res = await get(pkgUrl(f.proxy.url, digest), auth);
+  t.equal(res.status, 200);
+  t.ok(res.body.equals(layer), "the bytes are the layer's");
+  t.equal(res.headers.etag, `"${digest}"`);
+  t.equal(res.headers["content-length"], String(layer.length));
+  const again = await get(pkgUrl(f.proxy.url, digest), { ...auth, "if-none-match": `"${digest}"` });
+  t.equal(again.status, 304);
+  t.equal(again.body.length, 0);
+  const head = await get(pkgUrl(f.proxy.url, digest), auth, f.clusterCA, "HEAD");
+  t.equal(head.status, 200);
+  t.equal(head.headers["content-length"], String(layer.length));
+});
+
+t.test("a request without the right token is refused, whatever it asks for", async (t) => {
+  const digest = sha256(Buffer.from("x"));
+  t.equal((await get(pkgUrl(f.proxy.url, digest))).status, 401);
+  t.equal((await get(pkgUrl(f.proxy.url, digest), { authorization: "Bearer wrong" })).status, 401);
+  t.equal((await get(pkgUrl(f.proxy.url, digest), { authorization: `Bearer ${f.token}x` })).status, 401);
+  t.equal((await get(pkgUrl(f.proxy.url, digest), { authorization: `Basic ${f.token}` })).status, 401);
+});
+
+t.test("bad parameters are 400 and an unknown blob is 404", async (t) => {
+  t.equal((await get(pkgUrl(f.proxy.url, "sha256:abc"), auth)).status, 400);
+  t.equal((await get(pkgUrl(f.proxy.url, sha256(Buffer.from("y")), "Bad/Repo"), auth)).status, 400);
+  const missing = await get(pkgUrl(f.proxy.url, sha256(Buffer.from("not pushed"))), auth);
+  t.equal(missing.status, 404);
+  t.match(missing.body.toString(), /no such blob/);
+});
+
+t.test("fifty concurrent requests for one digest make exactly one upstream fetch", async (t) => {
+  const proxy = await f.another();
+  const layer = await buildLayer(binaryPackage("big", "1", 4 << 20));
+  const { digest } = await f.registry.pushPackage("deckhouse/packages/big", "1", layer);
+  const all = await Promise.all(
+    Array.from({ length: 50 }, () => get(pkgUrl(proxy.url, digest, "deckhouse/packages/big"), auth)),
+  );
+  t.ok(
+    all.every((r) => r.status === 200 && r.body.equals(layer)),
+    "every node got the verified bytes",
+  );
+  t.equal(proxy.stats.upstreamFetches, 1, "one upstream fetch");
+  await get(pkgUrl(proxy.url, digest, "deckhouse/packages/big"), auth);
+  t.equal(proxy.stats.upstreamFetches, 1, "later requests are served from the cache");
+  t.ok(proxy.stats.cacheHits >= 1);
+});
+
+t.test("a tampered upstream blob is refused with 502 and never cached", async (t) => {
+  const proxy = await f.another();
+  const layer = await buildLayer(binaryPackage("tampered", "1", 64 << 10));
+  const { digest } = await f.registry.pushPackage("deckhouse/packages/tampered", "1", layer);
+  // Swap bytes in the registry's own storage: same size, different content.
+  const fh = await open(f.registry.blobPath(digest), "r+");
+  const buf = Buffer.alloc(16);
+  await fh.read(buf, 0, 16, 1000);
+  await fh.write(buf.reverse(), 0, 16, 1000);
+  await fh.close();
+  const res = await get(pkgUrl(proxy.url, digest, "deckhouse/packages/tampered"), auth);
+  t.equal(res.status, 502);
+  t.match(res.body.toString(), /failed verification.*hash to sha256:[0-9a-f]{64}.*not cached/s);
+  const listing = (await readdir(f.dir)).filter((n) => n.startsWith("cache-"));
+  for (const c of listing) {
+    t.notOk((await cachedFiles(path.join(f.dir, c))).includes(digest.slice(7)), `${c} holds no tampered blob`);
+  }
+});
+
+t.test("a truncated upstream blob is refused with 502 and never cached", async (t) => {
+  const proxy = await f.another();
+  const layer = await buildLayer(binaryPackage("truncated", "1", 64 << 10));
+  const { digest } = await f.registry.pushPackage("deckhouse/packages/truncated", "1", layer);
+  await truncate(f.registry.blobPath(digest), 1000);
+  const res = await get(pkgUrl(proxy.url, digest, "deckhouse/packages/truncated"), auth);
+  t.equal(res.status, 502);
+  t.match(res.body.toString(), /failed verification|premature|ECONNRESET/);
+  for (const c of (await readdir(f.dir)).filter((n) => n.startsWith("cache-"))) {
+    t.notOk((await cachedFiles(path.join(f.dir, c))).includes(digest.slice(7)), `${c} holds no truncated blob`);
+  }
+});
+
+t.test("`bashible packages-proxy` serves over HTTPS until SIGTERM", async (t) => {
+  const data = randomish(10_000, "cli");
+  const digest = await f.registry.pushBlob("deckhouse/packages/cli", data);
+  const port = await freePort();
+  const files = {
+    cert: path.join(f.dir, "cli.crt"),
+    key: path.join(f.dir, "cli.key"),
+    token: path.join(f.dir, "cli.token"),
+  };
+  await writeFile(files.cert, f.tls.cert);
+  await writeFile(files.key, f.tls.key);
+  await writeFile(files.token, `${f.token}\n`);
+  const child = spawn(
+    process.execPath,
+    [
+      path.join(REPO, "agent/main.ts"),
+      "packages-proxy",
+      "--listen",
+      `127.0.0.1:${port}`,
+      "--tls-cert",
+      files.cert,
+      "--tls-key",
+      files.key,
+      "--token-file",
+      files.token,
+      "--upstream",
+      f.registry.url,
+      "--cache-dir",
+      path.join(f.dir, "cli-cache"),
+      "--log-format",
+      "json",
+    ],
+    { stdio: ["ignore", "pipe", "pipe"] },
+  );
+  const out: Buffer[] = [];
+  child.stdout.on("data", (d: Buffer) => out.push(d));
+  child.stderr.on("data", (d: Buffer) => out.push(d));
+  const exited = new Promise<number | null>((r) => child.once("exit", (c) => r(c)));
+  const deadline = Date.now() + 15_000;
+  let res: Res | undefined;
+  while (Date.now() < deadline) {
+    res = await get(pkgUrl(`https://127.0.0.1:${port}`, digest, "deckhouse/packages/cli"), auth).catch(() => undefined);
+    if (res) break;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  t.equal(res?.status, 200, Buffer.concat(out).toString());
+  t.ok(res?.body.equals(data));
+  child.kill("SIGTERM");
+  t.equal(await exited, 0, "clean exit on SIGTERM");
+  t.notMatch(Buffer.concat(out).toString(), f.token, "the token is never logged");
+});
