@@ -142,7 +142,13 @@ async function liar(t: Test, mode: "truncate" | "wrong-bytes", body: Buffer): Pr
     }
   });
   await new Promise<void>((r) => srv.listen(0, "127.0.0.1", r));
-  t.teardown(() => new Promise<void>((r) => (srv.close(() => r()), srv.closeAllConnections())));
+  t.teardown(
+    () =>
+      new Promise<void>((r) => {
+        srv.close(() => r());
+        srv.closeAllConnections();
+      }),
+  );
   return `127.0.0.1:${(srv.address() as AddressInfo).port}`;
 }
 

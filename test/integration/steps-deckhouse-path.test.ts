@@ -1,0 +1,76 @@
+// DeckhousePath in sandbox trees: the bin directory and a profile drop-in that puts it on
+// PATH exactly once, whichever shell reads it and however often.
+import t from "tap";
+import { execFile } from "node:child_process";
+import { readFile, stat } from "node:fs/promises";
+import path from "node:path";
+import { promisify } from "node:util";
+import { OS_RELEASE, stepEnv } from "../fixtures/steps.ts";
+import { treeHash } from "../fixtures/bundle.ts";
+import step, { PROFILE_CONTENT } from "../../steps/deckhouse-path.ts";
+import type { BundleStep } from "../../bundles/types.ts";
+
+const execFileP = promisify(execFile);
+const bundleStep: BundleStep = { name: "004_add_deckhouse_paths", kind: "DeckhousePath", spec: {} };
+
+const cases = [
+  ["debian", "etc/profile.d/02-deckhouse-path.sh"],
+  ["rocky", "etc/profile.d/02-deckhouse-path.sh"],
+  ["altlinux", "etc/bashrc.d/02-deckhouse-path.sh"],
+] as const;
+
+for (const [osName, dropIn] of cases) {
+  t.test(`${osName}: creates /opt/deckhouse/bin and ${dropIn}; a second run plans nothing`, async (t) => {
+    const env = await stepEnv(t, OS_RELEASE[osName]);
+    const ctx = env.ctx(bundleStep);
+    const before = await treeHash(env.root);
+    const changes = await step.plan({}, env.host, ctx);
+    t.equal(await treeHash(env.root), before, "plan changes nothing");
+    t.same(
+      changes.map((c) => `${c.kind} ${"path" in c ? c.path : ""}`),
+      ["dir /opt/deckhouse", "dir /opt/deckhouse/bin", `file /${dropIn}`],
+    );
+    await step.apply(changes, {}, env.host, ctx);
+    t.equal((await stat(path.join(env.root, "opt/deckhouse/bin"))).mode & 0o7777, 0o755);
+    t.equal(await readFile(path.join(env.root, dropIn), "utf8"), PROFILE_CONTENT);
+    t.same(await step.plan({}, env.host, ctx), [], "a second run plans nothing");
+  });
+}
+
+t.test("the drop-in adds the directory once, however many times it is sourced, in sh and bash", async (t) => {
+  const env = await stepEnv(t);
+  const ctx = env.ctx(bundleStep);
+  await step.apply(await step.plan({}, env.host, ctx), {}, env.host, ctx);
+  const file = path.join(env.root, "etc/profile.d/02-deckhouse-path.sh");
+  for (const shell of ["sh", "bash"]) {
+    // --norc: bash sources ~/.bashrc when its stdin is a socket, as node's pipes are.
+    const opts = shell === "bash" ? ["--norc", "--noprofile"] : [];
+    const { stdout } = await execFileP(shell, [...opts, "-c", `. ${file}; . ${file}; . ${file}; echo "$PATH"`], {
+      env: { PATH: "/usr/bin:/bin" },
+    });
+    t.equal(stdout.trim(), "/usr/bin:/bin:/opt/deckhouse/bin", shell);
+    const again = await execFileP(shell, [...opts, "-c", `. ${file}; echo "$PATH"`], {
+      env: { PATH: "/opt/deckhouse/bin:/usr/bin" },
+    });
+    t.equal(again.stdout.trim(), "/opt/deckhouse/bin:/usr/bin", `${shell}: already there, untouched`);
+  }
+});
+
+t.test("a drifted drop-in or directory mode is put back", async (t) => {
+  const env = await stepEnv(t);
+  const ctx = env.ctx(bundleStep);
+  await step.apply(await step.plan({}, env.host, ctx), {}, env.host, ctx);
+  await env.host.writeFile("/etc/profile.d/02-deckhouse-path.sh", "export PATH=/evil:$PATH\n", { mode: 0o666 });
+  await env.host.mkdir("/opt/deckhouse/bin", { mode: 0o777 });
+  const changes = await step.plan({}, env.host, ctx);
+  t.same(
+    changes.map((c) => c.summary),
+    [
+      "set /opt/deckhouse/bin to 0755 root:root",
+      "update /etc/profile.d/02-deckhouse-path.sh: content, mode 0666 → 0644",
+    ],
+  );
+  t.match((changes[1] as { diff: string }).diff, /-export PATH=\/evil/);
+  await step.apply(changes, {}, env.host, ctx);
+  t.same(await step.plan({}, env.host, ctx), []);
+});
