@@ -7,12 +7,14 @@ import { EXIT, UsageError, type Command, type OptionSpec } from "./cli/command.t
 import { createLogger, type LogFormat } from "./log.ts";
 
 const COMMANDS: Record<string, () => Promise<{ default: Command }>> = {
+  run: () => import("./commands/run.ts"),
   once: () => import("./commands/once.ts"),
   plan: () => import("./commands/plan.ts"),
   status: () => import("./commands/status.ts"),
   facts: () => import("./commands/facts.ts"),
   "packages-proxy": () => import("../cluster/packages-proxy/command.ts"),
   version: () => import("./commands/version.ts"),
+  server: () => import("../cluster/command.ts"),
 };
 
 const GLOBAL_OPTIONS: OptionSpec = {

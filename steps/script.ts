@@ -1,7 +1,8 @@
 // Custom NodeGroupConfiguration steps: bash scripts, run in weight order. A script runs when
-// its content changed since its last success, the node rebooted since then, or the group's
-// 4-hour update epoch moved on (Deckhouse re-runs everything then to repair drift); otherwise
-// the plan says "unchanged" and nothing runs. Scripts must be idempotent.
+// its content changed since its last success, the node rebooted since then, the group's
+// 4-hour update epoch moved on (Deckhouse re-runs everything then to repair drift), or a full
+// run is forced (configuration_checksum removed); otherwise the plan says "unchanged" and
+// nothing runs. Scripts must be idempotent.
 //
 // Environment: NODE_NAME, NODE_GROUP, BUNDLE (debian|rhel|altlinux), BASHIBLE_ROOT ("/" or the
 // sandbox root: scripts prefix their paths with it), BASHIBLE_STATE_DIR, BASHIBLE_STEP,
@@ -50,6 +51,7 @@ const script: Step<"Script"> = {
     const last = await lastSuccess(host, name);
     let why: string;
     if (!last) why = "never ran successfully";
+    else if (ctx.forced) why = "full run forced (configuration_checksum absent)";
     else if (last.sha256 !== want.sha256) why = "script changed since its last success";
     else if (last.bootId !== want.bootId) why = "node rebooted since its last success";
     else if (last.epoch !== want.epoch) why = "update epoch moved on (periodic re-run)";
@@ -71,7 +73,13 @@ const script: Step<"Script"> = {
       PATH: `${host.path("/opt/deckhouse/bin")}:${process.env.PATH ?? "/usr/sbin:/usr/bin:/sbin:/bin"}`,
     };
     const argv = ["bash", "--noprofile", "--norc", "-eEo", "pipefail", "-s"];
-    const r = await host.run(argv, { env, input: spec.script, cwd: "/var/lib/bashible", logFile: ctx.logFile, signal: ctx.signal });
+    const r = await host.run(argv, {
+      env,
+      input: spec.script,
+      cwd: "/var/lib/bashible",
+      logFile: ctx.logFile,
+      signal: ctx.signal,
+    });
     if (r.exitCode !== 0) throw new CommandError([`${spec.source}`], r);
     const record: RunRecord = { ...wantedRecord(spec, ctx, await currentBootId()), at: new Date().toISOString() };
     await host.writeFile(`${RECORDS}/${name}.json`, `${JSON.stringify(record)}\n`, { mode: 0o644 });

@@ -85,6 +85,8 @@ export interface StepContext {
   bundle: NodeGroupBundle;
   /** /var/lib/bashible/first_run exists: no approvals, no reboot. */
   firstRun: boolean;
+  /** configuration_checksum is absent: a full run was forced (or none succeeded yet). */
+  forced?: boolean;
   log: Logger;
   /** Absent in local mode (--bundle without a cluster). */
   kube?: KubeClient;

@@ -18,7 +18,7 @@ ${CONVERGE_HELP}`,
   async run({ values, root, log }) {
     const r = await converge(convergeOptions(values, root, log));
     if (r.outcome === "applied" || r.outcome === "in-sync") return EXIT.ok;
-    log.error({ outcome: r.outcome }, r.reason);
+    if (r.outcome !== "failed") log.warn({ outcome: r.outcome }, r.reason); // failures were logged where they happened
     return EXIT.error;
   },
 };

@@ -32,7 +32,10 @@ export function formatPlan(r: PlanReport): string {
   }
   const changed = r.steps.filter((s) => s.changes.length).length;
   const failed = r.steps.filter((s) => s.error).length;
-  lines.push("", `${changed} of ${r.steps.length} steps would change the node${failed ? `; ${failed} could not be planned` : ""}.`);
+  lines.push(
+    "",
+    `${changed} of ${r.steps.length} steps would change the node${failed ? `; ${failed} could not be planned` : ""}.`,
+  );
   return `${lines.join("\n")}\n`;
 }
 

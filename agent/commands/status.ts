@@ -7,7 +7,10 @@ function formatStatus(s: Status, applied: string | undefined): string {
   const l: string[] = [];
   l.push(`applied checksum: ${applied ?? "(none: the next run applies everything)"}`);
   if (s.appliedAt) l.push(`applied at:       ${s.appliedAt}`);
-  if (s.failedChecksum) l.push(`failed checksum:  ${s.failedChecksum} (${s.failureCount} failed run${s.failureCount === 1 ? "" : "s"} in a row)`);
+  if (s.failedChecksum)
+    l.push(
+      `failed checksum:  ${s.failedChecksum} (${s.failureCount} failed run${s.failureCount === 1 ? "" : "s"} in a row)`,
+    );
   if (s.lastRun) {
     l.push(`last run:         ${s.lastRun.outcome} at ${s.lastRun.finishedAt} (${s.lastRun.reason})`);
     if (s.lastRun.error) l.push(`last error:       ${s.lastRun.error}`);
@@ -20,7 +23,9 @@ function formatStatus(s: Status, applied: string | undefined): string {
     l.push("", "steps:");
     for (const st of s.steps) {
       const extra = st.error ? `: ${st.error}` : st.warnings?.length ? `: ${st.warnings.join("; ")}` : "";
-      l.push(`  ${st.outcome.padEnd(9)} ${st.name} (${st.kind}, ${st.attempts} attempt${st.attempts === 1 ? "" : "s"}, ${st.durationMs} ms)${extra}`);
+      l.push(
+        `  ${st.outcome.padEnd(9)} ${st.name} (${st.kind}, ${st.attempts} attempt${st.attempts === 1 ? "" : "s"}, ${st.durationMs} ms)${extra}`,
+      );
     }
   }
   return `${l.join("\n")}\n`;
@@ -39,9 +44,19 @@ Options:
   takesRoot: true,
   logTo: "stderr",
   async run({ values, root, stdout }) {
-    const host = new Host(root, await osProfile(root).catch(() => ({ id: "", versionId: "", family: "debian" as const, packageManager: "apt" as const })));
+    const host = new Host(
+      root,
+      await osProfile(root).catch(() => ({
+        id: "",
+        versionId: "",
+        family: "debian" as const,
+        packageManager: "apt" as const,
+      })),
+    );
     const [s, applied] = await Promise.all([readStatus(host), readAppliedChecksum(host)]);
-    stdout(values.json ? `${JSON.stringify({ ...s, configurationChecksum: applied }, null, 2)}\n` : formatStatus(s, applied));
+    stdout(
+      values.json ? `${JSON.stringify({ ...s, configurationChecksum: applied }, null, 2)}\n` : formatStatus(s, applied),
+    );
     const ok = !s.lastRun || s.lastRun.outcome === "applied" || s.lastRun.outcome === "in-sync";
     return ok ? EXIT.ok : EXIT.error;
   },

@@ -11,7 +11,12 @@ export interface ApprovalOptions {
   signal?: AbortSignal;
 }
 
-export async function waitForApproval(kube: KubeClient, nodeName: string, log: Logger, o: ApprovalOptions): Promise<boolean> {
+export async function waitForApproval(
+  kube: KubeClient,
+  nodeName: string,
+  log: Logger,
+  o: ApprovalOptions,
+): Promise<boolean> {
   const node = await getNode(kube, nodeName);
   if (node.metadata.annotations?.[NODE_KEYS.approved] !== undefined) return true;
   await patchNode(kube, nodeName, { metadata: { annotations: { [NODE_KEYS.waitingForApproval]: "" } } });
@@ -21,10 +26,14 @@ export async function waitForApproval(kube: KubeClient, nodeName: string, log: L
   while (Date.now() < deadline && !o.signal?.aborted) {
     const left = Math.max(1, Math.ceil((deadline - Date.now()) / 1000));
     try {
-      for await (const ev of kube.watch<{ metadata: { annotations?: Record<string, string>; resourceVersion?: string } }>(
-        "/api/v1/nodes",
-        { fieldSelector: `metadata.name=${nodeName}`, resourceVersion, timeoutSeconds: Math.min(left, 300), signal: o.signal },
-      )) {
+      for await (const ev of kube.watch<{
+        metadata: { annotations?: Record<string, string>; resourceVersion?: string };
+      }>("/api/v1/nodes", {
+        fieldSelector: `metadata.name=${nodeName}`,
+        resourceVersion,
+        timeoutSeconds: Math.min(left, 300),
+        signal: o.signal,
+      })) {
         resourceVersion = ev.object.metadata.resourceVersion ?? resourceVersion;
         if (ev.type !== "BOOKMARK" && ev.object.metadata.annotations?.[NODE_KEYS.approved] !== undefined) return true;
       }

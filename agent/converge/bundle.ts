@@ -4,7 +4,13 @@ import { bundleChecksum } from "../../bundles/checksum.ts";
 import { API_VERSION, type BundleStep, type NodeGroupBundle, type StepKind } from "../../bundles/types.ts";
 
 export const MAX_BUNDLE_BYTES = 8 * 1024 * 1024;
-export const STEP_KINDS: readonly StepKind[] = ["NodeUsers", "CACertificates", "DeckhousePath", "RegistryPackages", "Script"];
+export const STEP_KINDS: readonly StepKind[] = [
+  "NodeUsers",
+  "CACertificates",
+  "DeckhousePath",
+  "RegistryPackages",
+  "Script",
+];
 const STEP_NAME = /^\d{3}_[a-z0-9][a-z0-9_.-]*$/;
 
 export class BundleRejectedError extends Error {
@@ -23,7 +29,8 @@ function isObject(v: unknown): v is Record<string, unknown> {
 /** Parses and verifies raw bundle bytes. */
 export function acceptBundle(raw: Buffer | string, source: string): NodeGroupBundle {
   const size = typeof raw === "string" ? Buffer.byteLength(raw) : raw.length;
-  if (size > MAX_BUNDLE_BYTES) throw new BundleRejectedError(source, `${size} bytes is over the ${MAX_BUNDLE_BYTES}-byte limit`);
+  if (size > MAX_BUNDLE_BYTES)
+    throw new BundleRejectedError(source, `${size} bytes is over the ${MAX_BUNDLE_BYTES}-byte limit`);
   let doc: unknown;
   try {
     doc = JSON.parse(raw.toString());
@@ -62,7 +69,9 @@ export function verifyBundle(doc: unknown, source: string): NodeGroupBundle {
   const bundle = doc as unknown as NodeGroupBundle;
   const actual = bundleChecksum(bundle);
   if (actual !== bundle.checksum) {
-    reject(`checksum mismatch: content hashes to ${actual.slice(0, 12)}…, bundle says ${bundle.checksum.slice(0, 12)}…`);
+    reject(
+      `checksum mismatch: content hashes to ${actual.slice(0, 12)}…, bundle says ${bundle.checksum.slice(0, 12)}…`,
+    );
   }
   return bundle;
 }

@@ -29,7 +29,9 @@ export async function clusterConnections(host: Host, o: ConnectOptions): Promise
   const fallbacks = (o.fallbackEndpoints ?? []).map(asUrl);
   if (await host.exists(PATHS.kubeletKubeconfig)) {
     const primary = await loadKubeconfig(PATHS.kubeletKubeconfig, { root: host.root });
-    const rest = fallbacks.filter((s) => s !== primary.server).map((server) => ({ ...primary, server, source: `${primary.source} via ${server}` }));
+    const rest = fallbacks
+      .filter((s) => s !== primary.server)
+      .map((server) => ({ ...primary, server, source: `${primary.source} via ${server}` }));
     return [primary, ...rest];
   }
   if (await host.exists(PATHS.bootstrapToken)) {

@@ -58,7 +58,12 @@ interface Session {
 export async function osProfile(root: string): Promise<OsProfile> {
   const f = await gatherFacts(root);
   if (!f.os.family || !f.os.packageManager) throw new ConvergeError(f.os.error ?? "unsupported OS");
-  return { id: f.os.id, versionId: f.os.versionId, family: f.os.family, packageManager: f.os.packageManager as OsProfile["packageManager"] };
+  return {
+    id: f.os.id,
+    versionId: f.os.versionId,
+    family: f.os.family,
+    packageManager: f.os.packageManager as OsProfile["packageManager"],
+  };
 }
 
 async function bootId(): Promise<string> {
@@ -145,8 +150,10 @@ async function gateFor(s: Session, bundle: NodeGroupBundle): Promise<GateDecisio
   });
 }
 
-function baseContext(s: Session, bundle: NodeGroupBundle, firstRun: boolean, o: ConvergeOptions): BaseContext {
+async function baseContext(s: Session, bundle: NodeGroupBundle, o: ConvergeOptions): Promise<BaseContext> {
+  const [firstRun, applied] = await Promise.all([s.host.exists(PATHS.firstRun), readAppliedChecksum(s.host)]);
   return {
+    forced: applied === undefined,
     nodeName: s.nodeName,
     nodeGroup: bundle.nodeGroup,
     bundle,
@@ -173,8 +180,7 @@ export async function plan(o: ConvergeOptions): Promise<PlanReport> {
   const f = await fetchBundle(s);
   const bundle = f.bundle ?? s.lastGood;
   if (!bundle) throw new ConvergeError(`no bundle: ${f.error ?? "nothing fetched"} and none applied before`);
-  const firstRun = await s.host.exists(PATHS.firstRun);
-  const steps = await planSteps(s.host, bundle, baseContext(s, bundle, firstRun, o));
+  const steps = await planSteps(s.host, bundle, await baseContext(s, bundle, o));
   return {
     nodeName: s.nodeName,
     nodeGroup: bundle.nodeGroup,
@@ -213,13 +219,17 @@ async function convergeLocked(s: Session, o: ConvergeOptions): Promise<ConvergeR
   const f = await fetchBundle(s);
   if (f.error) {
     log.error(`bundle fetch failed: ${f.error}`);
-    await updateStatus(host, (st) => void (st.fetchError = { at: startedAt, message: f.error as string }));
+    const fetchError = { at: startedAt, message: f.error };
+    await updateStatus(host, (st) => {
+      st.fetchError = fetchError;
+    });
     if (f.rejected) await reporter.event("BashibleBundleRejected", f.error, "Warning");
   } else {
     await updateStatus(host, (st) => void delete st.fetchError);
   }
   const bundle = f.bundle ?? s.lastGood;
-  if (!bundle) throw new ConvergeError(`no bundle to apply: ${f.error ?? "nothing fetched"}, and none was applied before`);
+  if (!bundle)
+    throw new ConvergeError(`no bundle to apply: ${f.error ?? "nothing fetched"}, and none was applied before`);
   const secrets = bundleSecrets(bundle);
   const checksum = bundle.checksum;
   const gate = await gateFor(s, bundle);
@@ -239,8 +249,8 @@ async function convergeLocked(s: Session, o: ConvergeOptions): Promise<ConvergeR
     return finish("in-sync", gate.reason);
   }
   log.info({ checksum: checksum.slice(0, 12), reason: gate.reason }, "converge starts");
-  const firstRun = await host.exists(PATHS.firstRun);
-  const base = baseContext(s, bundle, firstRun, o);
+  const base = await baseContext(s, bundle, o);
+  const firstRun = base.firstRun;
 
   const plans = await planSteps(host, bundle, base);
   const pending = plans.some((p) => p.changes.length > 0 || p.error);
@@ -295,7 +305,10 @@ async function convergeLocked(s: Session, o: ConvergeOptions): Promise<ConvergeR
     ...(rebootAsked ? { [NODE_KEYS.reboot]: null } : {}),
   });
   const changed = result.steps.filter((st) => st.outcome === "changed").map((st) => st.name);
-  await reporter.event("BashibleNodeUpdate", `converge to ${checksum.slice(0, 12)} finished; changed: ${changed.join(", ") || "nothing"}`);
+  await reporter.event(
+    "BashibleNodeUpdate",
+    `converge to ${checksum.slice(0, 12)} finished; changed: ${changed.join(", ") || "nothing"}`,
+  );
   log.info({ checksum: checksum.slice(0, 12), changed }, "converge finished");
   const outcome = await finish("applied", gate.reason);
   if (rebootAsked && !firstRun) {

@@ -16,7 +16,8 @@ export interface GateDecision {
 }
 
 export function decide(g: GateInput): GateDecision {
-  if (g.appliedChecksum === undefined) return { run: true, reason: "configuration_checksum absent (first run or forced)" };
+  if (g.appliedChecksum === undefined)
+    return { run: true, reason: "configuration_checksum absent (first run or forced)" };
   if (g.rebootRequested) return { run: true, reason: "node annotated update.node.deckhouse.io/reboot" };
   if (g.appliedChecksum !== g.bundleChecksum) {
     return { run: true, reason: `checksum ${short(g.appliedChecksum)} → ${short(g.bundleChecksum)}` };

@@ -71,9 +71,17 @@ export class ApiBundleSource implements BundleSource {
           } catch {
             // keep the raw text
           }
-          throw new KubeStatusError(res.status, "", `GET nodegroupbundles/${this.group}: ${res.status}: ${message}`, via.url(bundlePath(this.group)));
+          throw new KubeStatusError(
+            res.status,
+            "",
+            `GET nodegroupbundles/${this.group}: ${res.status}: ${message}`,
+            via.url(bundlePath(this.group)),
+          );
         }
-        const tag = String(res.headers.etag ?? "").replace(/^W\//, "").replace(/"/g, "") || undefined;
+        const tag =
+          String(res.headers.etag ?? "")
+            .replace(/^W\//, "")
+            .replace(/"/g, "") || undefined;
         return { raw: res.body, etag: tag, via };
       } catch (err) {
         if (!transport(err)) throw err;

@@ -55,8 +55,9 @@ export class CommandError extends Error {
   readonly argv: string[];
   readonly result: RunResult;
   constructor(argv: string[], result: RunResult) {
-    const tail = (result.stderr || result.stdout).trim().split("\n").slice(-5).join("\n");
-    super(`command failed (exit ${result.exitCode}): ${argv.join(" ")}${tail ? `\n${tail}` : ""}`);
+    // One line: the last line of output says most; the full output is in .result and the step log.
+    const last = (result.stderr.trim() || result.stdout.trim()).split("\n").pop() ?? "";
+    super(`command failed (exit ${result.exitCode}): ${argv.join(" ")}${last ? `: ${last}` : ""}`);
     this.argv = argv;
     this.result = result;
   }

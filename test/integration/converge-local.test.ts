@@ -1,0 +1,213 @@
+// The converge runtime in a sandbox root with a bundle file: plan, once, status, retries,
+// bad bundles, the lock, forced runs and the daemon. No cluster needed.
+import t from "tap";
+import { readFile, rm, writeFile, mkdir, readdir } from "node:fs/promises";
+import path from "node:path";
+import { bashible, bashibleDaemon, waitFor } from "../fixtures/cli.ts";
+import { makeBundle, sandbox, script, treeHash, writeBundle } from "../fixtures/bundle.ts";
+
+const hello = (text: string) =>
+  script(
+    "050_hello",
+    `mkdir -p "$BASHIBLE_ROOT/etc/hello"\necho "${text} $NODE_NAME" > "$BASHIBLE_ROOT/etc/hello/greeting"\necho ran >> "$BASHIBLE_ROOT/runs"`,
+  );
+
+async function runs(root: string): Promise<number> {
+  return ((await readFile(path.join(root, "runs"), "utf8").catch(() => "")).match(/ran/g) ?? []).length;
+}
+
+t.test("plan shows pending work and changes nothing; once applies; then both are quiet", async (t) => {
+  const root = await sandbox();
+  const file = await writeBundle(root, makeBundle([hello("hi")]), "../b-" + path.basename(root) + ".json");
+  const before = await treeHash(root);
+  const p = await bashible(["plan", "--root", root, "--bundle", file]);
+  t.equal(p.status, 2, "exit 2: changes pending");
+  t.match(p.stdout, /~ 050_hello \(Script\): 1 change/);
+  t.match(p.stdout, /never ran successfully/);
+  t.equal(await treeHash(root), before, "plan wrote nothing, not even state files");
+
+  const once = await bashible(["once", "--root", root, "--bundle", file, "--log-format", "json"]);
+  t.equal(once.status, 0, once.stderr);
+  t.equal(await readFile(path.join(root, "etc/hello/greeting"), "utf8"), "hi node-1\n");
+  const lines = once.stdout
+    .trim()
+    .split("\n")
+    .map((l) => JSON.parse(l));
+  t.ok(
+    lines.some((l) => l.msg === "converge finished"),
+    "JSON log lines on stdout",
+  );
+
+  const again = await bashible(["plan", "--root", root, "--bundle", file]);
+  t.equal(again.status, 0, "a converged node plans nothing");
+  t.match(again.stdout, /0 of 1 steps would change the node/);
+  t.match(again.stdout, /gate: in sync/);
+  await bashible(["once", "--root", root, "--bundle", file]);
+  t.equal(await runs(root), 1, "a second once runs nothing");
+
+  const status = await bashible(["status", "--root", root, "--json"]);
+  const st = JSON.parse(status.stdout);
+  t.equal(st.configurationChecksum, st.appliedChecksum);
+  t.equal(st.lastRun.outcome, "in-sync");
+  t.equal(st.steps[0].outcome, "changed");
+});
+
+t.test("removing configuration_checksum forces a full run", async (t) => {
+  const root = await sandbox();
+  const file = await writeBundle(root, makeBundle([hello("hi")]), "../b-" + path.basename(root) + ".json");
+  await bashible(["once", "--root", root, "--bundle", file]);
+  await rm(path.join(root, "var/lib/bashible/configuration_checksum"));
+  const p = await bashible(["plan", "--root", root, "--bundle", file]);
+  t.equal(p.status, 2);
+  t.match(p.stdout, /full run forced/);
+  await bashible(["once", "--root", root, "--bundle", file]);
+  t.equal(await runs(root), 2);
+});
+
+t.test("a failing step is retried, then stops the run and is reported", async (t) => {
+  const root = await sandbox();
+  const b = makeBundle([
+    hello("hi"),
+    script("060_flaky", `echo "trying with token $TOKEN_NOT_SET"; echo attempt >> "$BASHIBLE_ROOT/attempts"; exit 7`),
+    script("070_after", `touch "$BASHIBLE_ROOT/after"`),
+  ]);
+  const file = await writeBundle(root, b, "../b-" + path.basename(root) + ".json");
+  const r = await bashible([
+    "once",
+    "--root",
+    root,
+    "--bundle",
+    file,
+    "--retry-interval",
+    "0.05",
+    "--max-retries",
+    "4",
+  ]);
+  t.equal(r.status, 1);
+  t.equal((await readFile(path.join(root, "attempts"), "utf8")).trim().split("\n").length, 4, "four attempts");
+  t.rejects(readFile(path.join(root, "after")), "later steps did not run");
+  const log = await readFile(path.join(root, "var/log/d8/bashible/step.060_flaky.log"), "utf8");
+  t.match(log, /attempt 4 failed: command failed \(exit 7\)/);
+  const st = JSON.parse((await bashible(["status", "--root", root, "--json"])).stdout);
+  t.equal(st.failedChecksum, b.checksum);
+  t.equal(st.failureCount, 1);
+  t.notOk(st.configurationChecksum, "nothing applied");
+  t.same(
+    st.steps.map((s: { outcome: string }) => s.outcome),
+    ["changed", "failed", "not-run"],
+  );
+  await bashible(["once", "--root", root, "--bundle", file, "--retry-interval", "0", "--max-retries", "1"]);
+  const st2 = JSON.parse((await bashible(["status", "--root", root, "--json"])).stdout);
+  t.equal(st2.failureCount, 2, "failures of the same checksum are counted");
+  const human = await bashible(["status", "--root", root]);
+  t.equal(human.status, 1);
+  t.match(human.stdout, /failed checksum: .* \(2 failed runs in a row\)/);
+});
+
+t.test("bad bundles are rejected with a clear error and the last good one stays", async (t) => {
+  const root = await sandbox();
+  const good = makeBundle([hello("good")]);
+  const file = path.join(path.dirname(root), `b-${path.basename(root)}.json`);
+  await writeFile(file, JSON.stringify(good));
+  t.equal((await bashible(["once", "--root", root, "--bundle", file])).status, 0);
+
+  const tampered = { ...makeBundle([hello("evil")]), checksum: good.checksum };
+  const unknownKind = makeBundle([{ name: "080_x", kind: "Teleport", spec: {} } as never]);
+  const cases: [string, string, RegExp][] = [
+    ["not JSON", "this is not json", /not JSON/],
+    ["truncated", JSON.stringify(good).slice(0, 200), /not JSON \(truncated\?\)/],
+    ["checksum mismatch", JSON.stringify(tampered), /checksum mismatch/],
+    ["unknown step kind", JSON.stringify(unknownKind), /unknown kind 'Teleport'/],
+    ["too large", JSON.stringify({ ...good, pad: "x".repeat(9 * 1024 * 1024) }), /over the \d+-byte limit/],
+  ];
+  for (const [what, content, msg] of cases) {
+    await writeFile(file, content);
+    const r = await bashible(["once", "--root", root, "--bundle", file, "--log-format", "json"]);
+    t.equal(r.status, 0, `${what}: the node stays on the last good bundle`);
+    t.match(r.stdout, msg, `${what}: says why`);
+    t.match(r.stdout, /keeping the last good bundle/);
+    t.equal((await readFile(path.join(root, "var/lib/bashible/configuration_checksum"), "utf8")).trim(), good.checksum);
+    t.equal(await readFile(path.join(root, "etc/hello/greeting"), "utf8"), "good node-1\n", `${what}: nothing applied`);
+    const st = JSON.parse((await bashible(["status", "--root", root, "--json"])).stdout);
+    t.match(st.fetchError.message, msg, `${what}: status shows it`);
+  }
+  const p = await bashible(["plan", "--root", root, "--bundle", file]);
+  t.match(p.stdout, /fetch failed, planned against the last good bundle/);
+});
+
+t.test("the last 10 applied bundles are kept", async (t) => {
+  const root = await sandbox();
+  const file = path.join(path.dirname(root), `b-${path.basename(root)}.json`);
+  for (let i = 0; i < 12; i++) {
+    await writeFile(file, JSON.stringify(makeBundle([hello(`v${i}`)])));
+    t.equal((await bashible(["once", "--root", root, "--bundle", file])).status, 0);
+  }
+  const kept = await readdir(path.join(root, "var/lib/bashible/bundles"));
+  t.equal(kept.length, 10);
+});
+
+t.test("one converge at a time; a stale lock from a killed run is taken over", async (t) => {
+  const root = await sandbox();
+  const b = makeBundle([script("050_slow", `sleep 2; touch "$BASHIBLE_ROOT/slow-done"`)]);
+  const file = await writeBundle(root, b, "../b-" + path.basename(root) + ".json");
+  const first = bashible(["once", "--root", root, "--bundle", file]);
+  await waitFor("the lock", () => readFile(path.join(root, "var/lock/bashible"), "utf8").catch(() => undefined));
+  const second = await bashible(["once", "--root", root, "--bundle", file]);
+  t.equal(second.status, 1);
+  t.match(second.stdout + second.stderr, /another converge holds/);
+  t.equal((await first).status, 0);
+
+  await mkdir(path.join(root, "var/lock"), { recursive: true });
+  await writeFile(path.join(root, "var/lock/bashible"), "999999 1\n");
+  await rm(path.join(root, "var/lib/bashible/configuration_checksum"));
+  t.equal((await bashible(["once", "--root", root, "--bundle", file])).status, 0, "stale lock ignored");
+});
+
+t.test("scripts see the documented environment", async (t) => {
+  const root = await sandbox("ID=rocky\nVERSION_ID=9.4\n", "node-env");
+  const b = makeBundle([
+    script(
+      "050_env",
+      `env | grep -E '^(NODE_NAME|NODE_GROUP|BUNDLE|BASHIBLE_ROOT|BASHIBLE_STEP|BASHIBLE_FIRST_RUN|KUBERNETES_VERSION)=' | sort > "$BASHIBLE_ROOT/env"`,
+    ),
+  ]);
+  const file = await writeBundle(root, b, "../b-" + path.basename(root) + ".json");
+  t.equal((await bashible(["once", "--root", root, "--bundle", file])).status, 0);
+  const env = await readFile(path.join(root, "env"), "utf8");
+  t.match(env, /BUNDLE=rhel/);
+  t.match(env, /NODE_NAME=node-env/);
+  t.match(env, /NODE_GROUP=worker/);
+  t.match(env, new RegExp(`BASHIBLE_ROOT=${root}`));
+  t.match(env, /BASHIBLE_STEP=050_env/);
+  t.match(env, /BASHIBLE_FIRST_RUN=false/);
+});
+
+t.test("an unsupported OS is a clear error", async (t) => {
+  const root = await sandbox("ID=gentoo\n");
+  const file = await writeBundle(root, makeBundle([hello("x")]), "../b-" + path.basename(root) + ".json");
+  const r = await bashible(["once", "--root", root, "--bundle", file]);
+  t.equal(r.status, 1);
+  t.match(r.stdout + r.stderr, /'gentoo' is not supported/);
+});
+
+t.test("the daemon applies a changed bundle within seconds", async (t) => {
+  const root = await sandbox();
+  const file = await writeBundle(root, makeBundle([hello("one")]), "../b-" + path.basename(root) + ".json");
+  const d = bashibleDaemon(["--root", root, "--bundle", file, "--tick", "3600"]);
+  let out = "";
+  d.stdout?.on("data", (c) => (out += c));
+  t.teardown(() => void d.kill("SIGKILL"));
+  const greeting = () => readFile(path.join(root, "etc/hello/greeting"), "utf8").catch(() => "");
+  await waitFor("first converge", async () => ((await greeting()) === "one node-1\n" ? true : undefined));
+  await writeBundle(root, makeBundle([hello("two")]), "../b-" + path.basename(root) + ".json");
+  await waitFor(
+    "the new bundle applied",
+    async () => ((await greeting()) === "two node-1\n" ? true : undefined),
+    10_000,
+  );
+  t.pass("applied without waiting for the minute tick");
+  const exited = new Promise((r) => d.once("exit", r));
+  d.kill("SIGTERM");
+  t.equal(await exited, 0, "stops cleanly on SIGTERM");
+  t.match(out, /"msg":"converge due"/);
+});
