@@ -6,6 +6,10 @@ import type { Step } from "./types.ts";
 type Loader<K extends StepKind> = () => Promise<{ default: Step<K> }>;
 
 export const STEPS: Partial<{ [K in StepKind]: Loader<K> }> = {
+  NodeUsers: () => import("./node-users.ts"),
+  CACertificates: () => import("./ca-certificates.ts"),
+  DeckhousePath: () => import("./deckhouse-path.ts"),
+  RegistryPackages: () => import("./registry-packages.ts"),
   Script: () => import("./script.ts"),
 };
 
