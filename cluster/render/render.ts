@@ -17,8 +17,8 @@ import { renderTemplate, renderText } from "./templates.ts";
 import { nextEpochChangeMs, updateEpoch } from "./update-epoch.ts";
 import { checkConfiguration, checkContext, checkGroupName, checkNodeUser, checkScriptSize } from "./validate.ts";
 
-/** GECOS of users the agent creates; cleanup removes only users carrying it. */
-export const USER_MARKER = "created by bashible";
+/** GECOS of users the NodeUsers step creates (Deckhouse's marker, steps/node-users.ts); cleanup removes only those. */
+export const USER_MARKER = "created by deckhouse";
 
 /** Paths cleanup_static_node.sh removes (what the agent, containerd and kubelet put on a node). */
 export const CLEANUP_PATHS = [

@@ -1,0 +1,54 @@
+// Secret d8-cloud-instance-manager/configuration-checksums: data[<group>] = the group's bundle
+// checksum (sha256 hex). Controllers compare nodes' annotations with it. Written as
+// compare-and-swap with retries, because other writers (a second replica) may race.
+import type { KubeClient } from "../agent/kube/client.ts";
+import { createSecret, getSecret, updateSecret, type KubeObject } from "../agent/kube/api.ts";
+import { isConflict, isNotFound } from "../agent/kube/errors.ts";
+
+export const NAMESPACE = "d8-cloud-instance-manager";
+export const CHECKSUMS_SECRET = "configuration-checksums";
+
+const b64 = (s: string) => Buffer.from(s, "utf8").toString("base64");
+
+/** Makes data equal `checksums` (groups missing from it are removed). Returns whether it wrote. */
+export async function writeChecksums(
+  client: KubeClient,
+  checksums: ReadonlyMap<string, string>,
+  opts: { attempts?: number; namespace?: string } = {},
+): Promise<boolean> {
+  const namespace = opts.namespace ?? NAMESPACE;
+  const data = Object.fromEntries([...checksums].sort(([a], [b]) => (a < b ? -1 : 1)).map(([g, c]) => [g, b64(c)]));
+  const attempts = opts.attempts ?? 8;
+  for (let i = 1; ; i++) {
+    try {
+      let current: KubeObject | undefined;
+      try {
+        current = await getSecret(client, namespace, CHECKSUMS_SECRET);
+      } catch (err) {
+        if (!isNotFound(err)) throw err;
+      }
+      if (!current) {
+        await createSecret(client, {
+          apiVersion: "v1",
+          kind: "Secret",
+          type: "Opaque",
+          metadata: { name: CHECKSUMS_SECRET, namespace, labels: { app: "bashible-apiserver" } },
+          data,
+        });
+        return true;
+      }
+      const existing = (current.data as Record<string, string> | undefined) ?? {};
+      const same =
+        Object.keys(existing).length === Object.keys(data).length &&
+        Object.entries(data).every(([k, v]) => existing[k] === v);
+      if (same) return false;
+      await updateSecret(client, { ...current, data });
+      return true;
+    } catch (err) {
+      // 409: someone wrote between our read and write (or created it first): read again.
+      const raced = isConflict(err) || (err as { reason?: string }).reason === "AlreadyExists";
+      if (!raced || i >= attempts) throw err;
+      await new Promise((r) => setTimeout(r, 20 * i + Math.random() * 50));
+    }
+  }
+}

@@ -1,0 +1,151 @@
+// Keeps the served bundles in step with the inputs: re-renders when a source reports a change
+// or a group's update epoch ends, publishes what changed, and hands the checksums on. A group
+// whose render fails keeps serving its last good objects (and its checksum stays), and the
+// failure is reported: a log line, a metric, and a Warning Event on the NodeGroup.
+import type { Logger } from "../agent/log.ts";
+import { RenderError } from "./render/errors.ts";
+import type { RenderInputs } from "./render/inputs.ts";
+import { renderAll, type RenderedGroup } from "./render/render.ts";
+import type { Metrics } from "./server/metrics.ts";
+import type { BundleStore } from "./server/store.ts";
+import type { Source } from "./sources/types.ts";
+
+export interface RenderLoopHooks {
+  /** Called after each pass with every served group's checksum (only when the set changed). */
+  onChecksums?: (checksums: ReadonlyMap<string, string>) => Promise<void>;
+  /** Called once per distinct failure of a group. */
+  onRenderError?: (group: string, err: RenderError) => Promise<void>;
+  /** Called after each pass with the rendered inputs (bootstrap Secrets). */
+  onRendered?: (inputs: RenderInputs, served: ReadonlyMap<string, RenderedGroup>) => Promise<void>;
+}
+
+export class RenderLoop {
+  private readonly source: Source;
+  private readonly store: BundleStore;
+  private readonly metrics: Metrics;
+  private readonly log: Logger;
+  private readonly hooks: RenderLoopHooks;
+  private readonly now: () => number;
+  private readonly served = new Map<string, RenderedGroup>();
+  private readonly reported = new Map<string, string>();
+  private lastChecksums = "";
+  private running: Promise<void> | undefined;
+  private again = false;
+  private epochTimer: NodeJS.Timeout | undefined;
+  private debounce: NodeJS.Timeout | undefined;
+  private stopped = false;
+  private waitingForContextLogged = false;
+  passes = 0;
+
+  constructor(
+    deps: { source: Source; store: BundleStore; metrics: Metrics; log: Logger; now?: () => number },
+    hooks: RenderLoopHooks = {},
+  ) {
+    this.source = deps.source;
+    this.store = deps.store;
+    this.metrics = deps.metrics;
+    this.log = deps.log;
+    this.now = deps.now ?? Date.now;
+    this.hooks = hooks;
+  }
+
+  /** Asks for a render pass soon; bursts of changes (a relist) collapse into one pass. */
+  trigger(delayMs = 50): void {
+    if (this.stopped) return;
+    clearTimeout(this.debounce);
+    this.debounce = setTimeout(() => void this.runOnce(), delayMs);
+  }
+
+  /** One pass now (or right after the running one). Resolves when it is done. */
+  async runOnce(): Promise<void> {
+    if (this.running) {
+      this.again = true;
+      return this.running;
+    }
+    this.running = this.pass().finally(() => {
+      this.running = undefined;
+      if (this.again && !this.stopped) {
+        this.again = false;
+        void this.runOnce();
+      }
+    });
+    return this.running;
+  }
+
+  private async pass(): Promise<void> {
+    const { inputs } = this.source.snapshot();
+    if (!inputs.context) {
+      if (!this.waitingForContextLogged) this.log.warn("no cluster context yet; nothing can be rendered");
+      this.waitingForContextLogged = true;
+      return;
+    }
+    const full = inputs as RenderInputs;
+    const now = this.now();
+    const result = renderAll(full, now);
+    this.metrics.renders.inc();
+    this.passes++;
+    const present = new Set(full.nodeGroups.map((g) => g.metadata.name));
+    for (const [group, r] of result.groups) {
+      this.served.set(group, r);
+      if (this.reported.delete(group)) this.log.info({ group }, `node group ${group} renders again`);
+    }
+    for (const [group, err] of result.errors) {
+      this.metrics.renderErrors.inc({ group });
+      if (this.reported.get(group) === err.message) continue;
+      this.reported.set(group, err.message);
+      const kept = this.served.get(group);
+      this.log.error(
+        { group, object: err.object, keptChecksum: kept?.checksum },
+        `cannot render node group ${group}: ${err.message}; ${kept ? "serving its last good bundle" : "nothing served for it yet"}`,
+      );
+      await this.hooks
+        .onRenderError?.(group, err)
+        .catch((e: Error) => this.log.warn({ group, err: e.message }, "cannot report the render failure as an Event"));
+    }
+    const removed = [...this.served.keys()].filter((g) => !present.has(g));
+    for (const g of removed) {
+      this.served.delete(g);
+      this.reported.delete(g);
+    }
+    const changed = this.store.publish(result.groups.values(), removed);
+    if (changed.size) this.log.info({ groups: [...changed].sort() }, "bundles changed");
+
+    const checksums = new Map([...this.served].map(([g, r]) => [g, r.checksum]));
+    const key = JSON.stringify([...checksums].sort());
+    if (key !== this.lastChecksums && this.hooks.onChecksums) {
+      try {
+        await this.hooks.onChecksums(checksums);
+        this.lastChecksums = key;
+        this.metrics.checksumWrites.inc({ result: "ok" });
+      } catch (err) {
+        this.metrics.checksumWrites.inc({ result: "error" });
+        this.log.error({ err: (err as Error).message }, "cannot write the checksums Secret; retrying in 10 s");
+        this.trigger(10_000);
+      }
+    }
+    await this.hooks.onRendered?.(full, this.served).catch((err: Error) => {
+      this.log.error({ err: err.message }, "cannot reconcile bootstrap Secrets; retrying in 30 s");
+      this.trigger(30_000);
+    });
+    this.scheduleEpoch([...result.groups.values()]);
+  }
+
+  /** Re-render when the earliest group's update epoch ends (the 4-hourly forced re-run). */
+  private scheduleEpoch(rendered: RenderedGroup[]): void {
+    clearTimeout(this.epochTimer);
+    // Only groups that rendered now: a failing group's stale epoch would spin this timer.
+    if (this.stopped || !rendered.length) return;
+    const next = Math.min(...rendered.map((r) => r.nextEpochChangeMs));
+    const delay = Math.max(1000, Math.min(next - this.now() + 50, 2 ** 31 - 1));
+    this.epochTimer = setTimeout(() => void this.runOnce(), delay);
+    this.epochTimer.unref();
+  }
+
+  stop(): void {
+    this.stopped = true;
+    clearTimeout(this.epochTimer);
+    clearTimeout(this.debounce);
+  }
+}
+
+export { RenderError };

@@ -1,0 +1,119 @@
+// Who is asking, and what they may read.
+//
+// Authentication: behind the Kubernetes aggregator, the caller is the front proxy (a client
+// certificate issued by the request-header CA, with an allowed CN) and the user and groups are
+// in X-Remote-User / X-Remote-Group. Standalone, the caller presents its own client certificate
+// (issued by --client-ca-file): CN = user, O = groups, as Kubernetes reads them.
+//
+// Authorization (stricter than Deckhouse, where any node reads any group):
+//   system:masters                                  → every group
+//   system:node:<n> in system:nodes                  → the group of Node <n> (its label)
+//   system:bootstrappers:d8-node-manager:<group>     → that group (group-scoped bootstrap tokens)
+//   anyone else                                      → nothing (403)
+import type { X509Certificate } from "node:crypto";
+import type { IncomingMessage } from "node:http";
+import type { TLSSocket } from "node:tls";
+
+export interface Identity {
+  user: string;
+  groups: string[];
+  /** How the identity was established, for logs. */
+  via: "front-proxy" | "client-certificate";
+}
+
+export const BOOTSTRAP_GROUP_PREFIX = "system:bootstrappers:d8-node-manager:";
+
+export interface AuthConfig {
+  /** CAs whose direct leaf certificates may act as the front proxy. */
+  requestHeaderCAs: X509Certificate[];
+  /** Allowed front-proxy CNs; empty = any certificate from the request-header CA. */
+  allowedNames: string[];
+  /** CAs for end-user client certificates (standalone use). */
+  clientCAs: X509Certificate[];
+}
+
+export class AuthError extends Error {
+  override name = "AuthError";
+}
+
+function issuedBy(cert: X509Certificate, cas: X509Certificate[]): boolean {
+  const now = Date.now();
+  if (Date.parse(cert.validFrom) > now || Date.parse(cert.validTo) < now) return false;
+  return cas.some((ca) => cert.checkIssued(ca) && cert.verify(ca.publicKey));
+}
+
+function subjectField(subject: string, key: string): string[] {
+  return subject
+    .split("\n")
+    .filter((l) => l.startsWith(`${key}=`))
+    .map((l) => l.slice(key.length + 1));
+}
+
+/** Peer certificates are parsed once per TLS connection, not per request. */
+const peerCache = new WeakMap<TLSSocket, X509Certificate | null>();
+
+function peerCertificate(socket: TLSSocket): X509Certificate | null {
+  let cert = peerCache.get(socket);
+  if (cert === undefined) {
+    const raw = socket.getPeerX509Certificate?.();
+    cert = raw ?? null;
+    peerCache.set(socket, cert);
+  }
+  return cert;
+}
+
+const verdictCache = new WeakMap<TLSSocket, "front-proxy" | Identity | null>();
+
+/**
+ * The identity behind a request, or undefined when it presented nothing usable.
+ * Throws AuthError when a certificate was presented but is not acceptable.
+ */
+export function authenticate(req: IncomingMessage, cfg: AuthConfig): Identity | undefined {
+  const socket = req.socket as TLSSocket;
+  let verdict = verdictCache.get(socket);
+  if (verdict === undefined) {
+    const cert = peerCertificate(socket);
+    verdict = null;
+    if (cert) {
+      const cn = subjectField(cert.subject, "CN")[0] ?? "";
+      if (cfg.requestHeaderCAs.length && issuedBy(cert, cfg.requestHeaderCAs)) {
+        if (cfg.allowedNames.length && !cfg.allowedNames.includes(cn)) {
+          throw new AuthError(`front-proxy certificate CN '${cn}' is not in the allowed names`);
+        }
+        verdict = "front-proxy";
+      } else if (cfg.clientCAs.length && issuedBy(cert, cfg.clientCAs)) {
+        verdict = { user: cn, groups: subjectField(cert.subject, "O"), via: "client-certificate" };
+      } else {
+        throw new AuthError(`client certificate '${cn}' is not issued by a trusted CA`);
+      }
+    }
+    verdictCache.set(socket, verdict);
+  }
+  if (verdict === null) return undefined;
+  if (verdict !== "front-proxy") return verdict;
+  const user = req.headers["x-remote-user"];
+  if (typeof user !== "string" || !user) return { user: "", groups: [], via: "front-proxy" };
+  // The aggregator sends one X-Remote-Group header per group.
+  const groups = (req.headersDistinct["x-remote-group"] ?? []).flatMap((g) => g.split(",").map((s) => s.trim()));
+  return { user, groups: groups.filter(Boolean), via: "front-proxy" };
+}
+
+/** Which groups an identity may read: "all", or a set (possibly empty). */
+export type Scope = "all" | ReadonlySet<string>;
+
+export async function scopeOf(
+  id: Identity,
+  nodeGroupOf: (node: string) => Promise<string | undefined>,
+): Promise<Scope> {
+  if (id.groups.includes("system:masters")) return "all";
+  const groups = new Set<string>();
+  for (const g of id.groups)
+    if (g.startsWith(BOOTSTRAP_GROUP_PREFIX)) groups.add(g.slice(BOOTSTRAP_GROUP_PREFIX.length));
+  if (id.user.startsWith("system:node:") && id.groups.includes("system:nodes")) {
+    const group = await nodeGroupOf(id.user.slice("system:node:".length));
+    if (group) groups.add(group);
+  }
+  return groups;
+}
+
+export const inScope = (scope: Scope, group: string): boolean => scope === "all" || scope.has(group);

@@ -1,0 +1,173 @@
+// Inputs from the Kubernetes API: list + watch of NodeGroups, NodeGroupConfigurations and
+// NodeUsers, and the cluster context from key context.yaml of Secret
+// d8-cloud-instance-manager/bashible-server-context. Node → group lookups for authorization
+// go to the API with a short cache.
+import { parse } from "yaml";
+import type { KubeClient } from "../../agent/kube/client.ts";
+import { getNode, list, type KubeObject } from "../../agent/kube/api.ts";
+import { isGone, isNotFound } from "../../agent/kube/errors.ts";
+import type { Logger } from "../../agent/log.ts";
+import type {
+  ClusterContext,
+  NodeGroupConfigurationObject,
+  NodeGroupObject,
+  NodeUserObject,
+} from "../render/inputs.ts";
+import { GROUP_LABEL } from "./directory.ts";
+import type { Source, SourceSnapshot } from "./types.ts";
+
+export const CONTEXT_SECRET = "bashible-server-context";
+export const CONTEXT_KEY = "context.yaml";
+
+/** One collection kept current by list + watch; relists on 410 Gone or a broken watch. */
+class Informer {
+  readonly objects = new Map<string, KubeObject>();
+  synced = false;
+  private readonly client: KubeClient;
+  private readonly path: string;
+  private readonly fieldSelector: string | undefined;
+  private readonly onChange: () => void;
+  private readonly log: Logger;
+  private readonly abort = new AbortController();
+
+  constructor(client: KubeClient, path: string, onChange: () => void, log: Logger, fieldSelector?: string) {
+    this.client = client;
+    this.path = path;
+    this.onChange = onChange;
+    this.log = log;
+    this.fieldSelector = fieldSelector;
+  }
+
+  /** Resolves after the first list; keeps watching in the background until stop(). */
+  async start(): Promise<void> {
+    const rv = await this.relist();
+    void this.loop(rv);
+  }
+
+  private async relist(): Promise<string> {
+    const l = await list(this.client, this.path, { fieldSelector: this.fieldSelector, signal: this.abort.signal });
+    this.objects.clear();
+    for (const o of l.items) this.objects.set(o.metadata.name, o);
+    this.synced = true;
+    this.onChange();
+    return l.metadata.resourceVersion;
+  }
+
+  private async loop(startRv: string): Promise<void> {
+    let rv = startRv;
+    let failures = 0;
+    while (!this.abort.signal.aborted) {
+      try {
+        for await (const ev of this.client.watch<KubeObject>(this.path, {
+          resourceVersion: rv,
+          allowWatchBookmarks: true,
+          timeoutSeconds: 300,
+          fieldSelector: this.fieldSelector,
+          idleTimeoutMs: 330_000,
+          signal: this.abort.signal,
+        })) {
+          failures = 0;
+          rv = ev.object.metadata?.resourceVersion ?? rv;
+          if (ev.type === "BOOKMARK") continue;
+          if (ev.type === "DELETED") this.objects.delete(ev.object.metadata.name);
+          else this.objects.set(ev.object.metadata.name, ev.object);
+          this.onChange();
+        }
+      } catch (err) {
+        if (this.abort.signal.aborted) return;
+        failures++;
+        if (!isGone(err)) this.log.warn({ path: this.path, err: (err as Error).message }, "watch failed; relisting");
+        await new Promise((r) => setTimeout(r, Math.min(30_000, 250 * 2 ** Math.min(failures, 7))));
+        try {
+          rv = await this.relist();
+        } catch (e) {
+          this.log.warn({ path: this.path, err: (e as Error).message }, "relist failed");
+        }
+      }
+    }
+  }
+
+  stop(): void {
+    this.abort.abort();
+  }
+}
+
+export class KubeSource implements Source {
+  private readonly client: KubeClient;
+  private readonly log: Logger;
+  private readonly namespace: string;
+  private informers: Informer[] = [];
+  private nodeGroups: Informer | undefined;
+  private configurations: Informer | undefined;
+  private users: Informer | undefined;
+  private contextSecret: Informer | undefined;
+  private readonly nodeCache = new Map<string, { group: string | undefined; until: number }>();
+  private readonly nodeTtlMs: number;
+  private lastContextError = "";
+
+  constructor(client: KubeClient, log: Logger, opts: { namespace: string; nodeCacheTtlMs?: number }) {
+    this.client = client;
+    this.log = log;
+    this.namespace = opts.namespace;
+    this.nodeTtlMs = opts.nodeCacheTtlMs ?? 30_000;
+  }
+
+  async start(onChange: () => void): Promise<void> {
+    const mk = (path: string, field?: string) => new Informer(this.client, path, onChange, this.log, field);
+    this.nodeGroups = mk("/apis/deckhouse.io/v1/nodegroups");
+    this.configurations = mk("/apis/deckhouse.io/v1alpha1/nodegroupconfigurations");
+    this.users = mk("/apis/deckhouse.io/v1/nodeusers");
+    this.contextSecret = mk(`/api/v1/namespaces/${this.namespace}/secrets`, `metadata.name=${CONTEXT_SECRET}`);
+    this.informers = [this.nodeGroups, this.configurations, this.users, this.contextSecret];
+    await Promise.all(this.informers.map((i) => i.start()));
+  }
+
+  private context(): ClusterContext | undefined {
+    const secret = this.contextSecret?.objects.get(CONTEXT_SECRET);
+    const raw = (secret?.data as Record<string, string> | undefined)?.[CONTEXT_KEY];
+    if (!raw) return undefined;
+    try {
+      const doc = parse(Buffer.from(raw, "base64").toString("utf8")) as Record<string, unknown>;
+      const { apiVersion: _a, kind: _k, ...rest } = doc ?? {};
+      this.lastContextError = "";
+      return rest as unknown as ClusterContext;
+    } catch (err) {
+      const msg = `Secret ${this.namespace}/${CONTEXT_SECRET}: ${CONTEXT_KEY} is not valid YAML: ${(err as Error).message}`;
+      if (msg !== this.lastContextError) this.log.error(msg);
+      this.lastContextError = msg;
+      return undefined;
+    }
+  }
+
+  snapshot(): SourceSnapshot {
+    const values = <T>(i: Informer | undefined) => [...(i?.objects.values() ?? [])] as unknown as T[];
+    return {
+      inputs: {
+        nodeGroups: values<NodeGroupObject>(this.nodeGroups),
+        configurations: values<NodeGroupConfigurationObject>(this.configurations),
+        users: values<NodeUserObject>(this.users),
+        context: this.context(),
+      },
+    };
+  }
+
+  async nodeGroupOf(node: string): Promise<string | undefined> {
+    const now = Date.now();
+    const hit = this.nodeCache.get(node);
+    if (hit && hit.until > now) return hit.group;
+    let group: string | undefined;
+    try {
+      group = (await getNode(this.client, node, { timeoutMs: 5000 })).metadata.labels?.[GROUP_LABEL];
+    } catch (err) {
+      if (!isNotFound(err)) throw err;
+    }
+    // A node that is not (yet) labelled is asked about again soon.
+    this.nodeCache.set(node, { group, until: now + (group ? this.nodeTtlMs : 5000) });
+    if (this.nodeCache.size > 50_000) this.nodeCache.delete(this.nodeCache.keys().next().value as string);
+    return group;
+  }
+
+  stop(): void {
+    for (const i of this.informers) i.stop();
+  }
+}
