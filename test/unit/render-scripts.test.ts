@@ -1,0 +1,58 @@
+// The shell scripts the server renders parse as bash, and cleanup refuses to run without its
+// confirmation flag (so a stray invocation destroys nothing).
+import t from "tap";
+import { execFile } from "node:child_process";
+import { mkdtemp, writeFile, rm, readdir } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
+import { loadConfigDir } from "../../cluster/sources/directory.ts";
+import { renderGroup } from "../../cluster/render/render.ts";
+import { manualBootstrapData } from "../../cluster/bootstrap-secrets.ts";
+import type { RenderInputs } from "../../cluster/render/inputs.ts";
+
+const run = promisify(execFile);
+const EXAMPLE = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../../examples/cluster");
+const inputs = (await loadConfigDir(EXAMPLE)).snapshot.inputs as RenderInputs;
+const rendered = renderGroup(inputs.nodeGroups[0]!, inputs, Date.now());
+const manual = manualBootstrapData("worker", inputs.context, {
+  token: "abcdef.0123456789abcdef",
+  expiration: "2030-01-01T00:00:00Z",
+});
+const tmp = await mkdtemp(path.join(os.tmpdir(), "bashible-scripts-"));
+t.teardown(() => rm(tmp, { recursive: true, force: true }));
+
+const scripts: Record<string, string> = {
+  "cleanup_static_node.sh": (rendered.bashible.data as Record<string, string>)["cleanup_static_node.sh"]!,
+  "bootstrap-phase2.sh": rendered.bootstrap.bootstrap as string,
+  "bootstrap.sh": manual["bootstrap.sh"],
+};
+
+for (const [name, text] of Object.entries(scripts)) {
+  t.test(`${name} is valid bash`, async (t) => {
+    const file = path.join(tmp, name);
+    await writeFile(file, text);
+    await run("bash", ["-n", file]);
+    t.match(text, /^#!\/bin\/bash\n/);
+  });
+}
+
+t.test("cleanup_static_node.sh refuses to run without the confirmation flag", async (t) => {
+  const file = path.join(tmp, "cleanup.sh");
+  await writeFile(file, scripts["cleanup_static_node.sh"]!);
+  const before = await readdir(tmp);
+  const err = await run("bash", [file, "--yes"]).catch((e) => e);
+  t.equal(err.code, 1);
+  t.match(err.stderr, /--yes-i-am-sane-and-i-understand-what-i-am-doing/);
+  t.same(await readdir(tmp), before);
+});
+
+t.test("bootstrap.sh embeds the CA and token, and never skips TLS verification", async (t) => {
+  const s = scripts["bootstrap.sh"]!;
+  t.match(s, /-----BEGIN CERTIFICATE-----/);
+  t.match(s, /abcdef\.0123456789abcdef/);
+  t.notMatch(s, /--insecure|-k /);
+  t.notMatch(scripts["bootstrap-phase2.sh"]!, /--insecure|-k /);
+  t.match(manual["cloud-config"], /path: \/var\/lib\/bashible\/bootstrap-token/);
+});
