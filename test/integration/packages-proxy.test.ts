@@ -7,7 +7,7 @@ import { readdir, open, truncate, writeFile } from "node:fs/promises";
 import https from "node:https";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { withProxy } from "../fixtures/packages-proxy.ts";
+import { startProxyFixture, withProxy } from "../fixtures/packages-proxy.ts";
 import { buildLayer, binaryPackage, randomish, sha256 } from "../fixtures/registry.ts";
 import { freePort } from "../../scripts/lib/control-plane.ts";
 
@@ -176,4 +176,42 @@ t.test("`bashible packages-proxy` serves over HTTPS until SIGTERM", async (t) =>
   child.kill("SIGTERM");
   t.equal(await exited, 0, "clean exit on SIGTERM");
   t.notMatch(Buffer.concat(out).toString(), f.token, "the token is never logged");
+});
+
+t.test("pulls from a registry that wants the token flow, and says so when its credentials are wrong", async (t) => {
+  const creds = { username: "puller", password: "s3cret-registry-password" };
+  const g = await startProxyFixture({ registryAuth: creds });
+  t.teardown(() => g.stop());
+  const data = randomish(50_000, "authed");
+  const digest = await g.registry.pushBlob("deckhouse/packages/authed", data);
+  const issuedBefore = g.registry.auth?.tokensIssued() ?? 0;
+
+  const anonymous = await get(
+    pkgUrl(g.proxy.url, digest, "deckhouse/packages/authed"),
+    {
+      authorization: `Bearer ${g.token}`,
+    },
+    g.clusterCA,
+  );
+  t.equal(anonymous.status, 502, "no credentials: the registry refuses the proxy");
+  t.match(anonymous.body.toString(), /answered 401/);
+
+  const wrong = await g.another({ upstream: { username: "puller", password: "wrong" } });
+  const w = await get(
+    pkgUrl(wrong.url, digest, "deckhouse/packages/authed"),
+    { authorization: `Bearer ${g.token}` },
+    g.clusterCA,
+  );
+  t.equal(w.status, 502);
+  t.notMatch(w.body.toString(), /wrong/, "the password is not echoed");
+
+  const right = await g.another({ upstream: creds });
+  const r = await get(
+    pkgUrl(right.url, digest, "deckhouse/packages/authed"),
+    { authorization: `Bearer ${g.token}` },
+    g.clusterCA,
+  );
+  t.equal(r.status, 200, r.body.toString());
+  t.ok(r.body.equals(data));
+  t.ok((g.registry.auth?.tokensIssued() ?? 0) > issuedBefore, "a registry token was obtained for the pull");
 });
