@@ -132,7 +132,9 @@ export class BlobCache {
         await new Promise((r) => setTimeout(r, delay));
       }
     }
-    throw last instanceof UpstreamError ? last : new UpstreamError(describe(last, this.blobUrl(repository, digest)));
+    if (last instanceof UpstreamError) throw last;
+    const notFound = last instanceof HTTPError && last.response.statusCode === 404;
+    throw new UpstreamError(describe(last, this.blobUrl(repository, digest)), notFound ? 404 : 502);
   }
 
   private blobUrl(repository: string, digest: string): string {
@@ -296,7 +298,7 @@ export function createHandler(opts: ProxyOptions, cache: BlobCache, stats: Proxy
       file = got.file;
       if (got.hit) stats.cacheHits++;
     } catch (err) {
-      const status = err instanceof UpstreamError && /answered 404/.test(err.message) ? 404 : 502;
+      const status = err instanceof UpstreamError ? err.status : 502;
       log.error({ digest, repository, err: (err as Error).message }, "package not served");
       return send(res, status, (err as Error).message);
     }
