@@ -144,6 +144,10 @@ function describe(err: unknown): string {
 /** Downloads and verifies one package; returns the node path of the verified archive. */
 async function fetchPackage(host: Host, ctx: StepContext, ref: RegistryPackageRef): Promise<string> {
   const archive = `${DOWNLOADS}/${ref.name}/${hexOf(ref.digest)}.tar.gz`;
+  // Temp files of a download that was killed (they never carry the archive's name): litter only.
+  for (const entry of await host.listDir(`${DOWNLOADS}/${ref.name}`)) {
+    if (entry.startsWith(".")) await host.remove(`${DOWNLOADS}/${ref.name}/${entry}`);
+  }
   if (await host.exists(archive)) {
     // Left by an earlier run that failed to install; only ever renamed into place verified,
     // but check again: it sits on a disk anyone with root can write.

@@ -135,10 +135,12 @@ t.test("a tampered package is refused and the installed version stays", async (t
 });
 
 /** An HTTPS endpoint with the proxy's certificate that misbehaves in a given way. */
-async function liar(t: Test, mode: "truncate" | "wrong-bytes", body: Buffer): Promise<string> {
+async function liar(t: Test, mode: "truncate" | "wrong-bytes" | "stall", body: Buffer): Promise<string> {
   const srv = https.createServer(f.tls, (_req, res) => {
     res.writeHead(200, { "Content-Length": String(body.length), "Content-Type": "application/octet-stream" });
-    if (mode === "truncate") {
+    if (mode === "stall") {
+      res.write(body.subarray(0, body.length >> 1)); // and then nothing
+    } else if (mode === "truncate") {
       res.write(body.subarray(0, body.length >> 1));
       setTimeout(() => res.socket?.destroy(), 20);
     } else {
@@ -240,4 +242,46 @@ t.test("invalid specs are refused at plan time", async (t) => {
   );
   const ok = { name: "x", digest: `sha256:${"a".repeat(64)}`, repository: "r" };
   await t.rejects(step.plan({ packages: [ok, ok] }, env.host, ctxFor(env, [])), /listed twice/);
+});
+
+t.test("a download killed midway leaves nothing that could pass for the package", async (t) => {
+  const env = await stepEnv(t);
+  const v1 = await pkg("killed", "1");
+  await converge(env, [v1]);
+  const v2 = await pkg("killed", "2", 256 << 10);
+  const endpoint = await liar(t, "stall", await buildLayer(binaryPackage("killed", "2", 256 << 10)));
+  const abort = new AbortController();
+  const ctx = { ...ctxFor(env, [v2], [endpoint]), signal: abort.signal };
+  const changes = await step.plan({ packages: [v2] }, env.host, ctx);
+  setTimeout(() => abort.abort(), 300);
+  await t.rejects(step.apply(changes, { packages: [v2] }, env.host, ctx));
+  t.same(await readdir(path.join(env.root, DOWNLOADS, "killed")).catch(() => []), [], "no partial file left");
+  t.equal(await run(env, "killed"), "1", "the installed version stays");
+  // A process killed outright leaves its temp file (dot-name) behind, and a corrupt archive
+  // under the real name can only come from outside: both are cleaned and the package refetched.
+  await mkdir(path.join(env.root, DOWNLOADS, "killed"), { recursive: true });
+  await writeFile(path.join(env.root, DOWNLOADS, "killed", `.${v2.digest.slice(7)}.tar.gz.bashible-dead`), "partial");
+  await writeFile(path.join(env.root, DOWNLOADS, "killed", `${v2.digest.slice(7)}.tar.gz`), "not the package");
+  const { result } = await converge(env, [v2]);
+  t.same(result?.outputs, { installed: ["killed"], skipped: [], removed: [] });
+  t.equal(await run(env, "killed"), "2");
+  t.same(await readdir(path.join(env.root, DOWNLOADS, "killed")).catch(() => []), []);
+});
+
+t.test("a failing install script fails the step and leaves the recorded version", async (t) => {
+  const env = await stepEnv(t);
+  const v1 = await pkg("brittle", "1");
+  await converge(env, [v1]);
+  const layer = await buildLayer({ install: 'echo "disk full" >&2; exit 3', uninstall: "true" });
+  const { digest } = await f.registry.pushPackage(`${REPO}/brittle`, "2", layer);
+  const v2 = { name: "brittle", digest, repository: `${REPO}/brittle` };
+  const err = await converge(env, [v2]).catch((e) => e);
+  t.type(err, PackageInstallError);
+  t.match(err.message, /package brittle \(sha256:[0-9a-f]{64}\): install exited 3:\ndisk full/);
+  t.equal((await readFile(path.join(env.root, STORE, "brittle/digest"), "utf8")).trim(), v1.digest);
+  t.equal(await run(env, "brittle"), "1");
+  t.match(
+    await readFile(path.join(env.root, "var/log/d8/bashible/step.007_registry_packages.log"), "utf8"),
+    /disk full/,
+  );
 });
