@@ -1,0 +1,114 @@
+// The converge runtime reporting to a real kube-apiserver as the node itself
+// (system:node:<name>): checksum annotation, Events, update approval, reboot requests.
+import t from "tap";
+import { mkdir, readFile, rm, writeFile } from "node:fs/promises";
+import path from "node:path";
+import { withControlPlane } from "../fixtures/control-plane.ts";
+import { bashible, waitFor } from "../fixtures/cli.ts";
+import { makeBundle, sandbox, script, writeBundle } from "../fixtures/bundle.ts";
+import * as api from "../../agent/kube/api.ts";
+
+const cp = await withControlPlane(t);
+const admin = cp.admin;
+
+async function node(name: string) {
+  await admin.request("POST", "/api/v1/nodes", {
+    body: { apiVersion: "v1", kind: "Node", metadata: { name, labels: { "node.deckhouse.io/group": "worker" } } },
+  });
+  const id = await cp.mintNode(name);
+  const root = await sandbox("ID=debian\nVERSION_ID=12\n", name);
+  // As bootstrap.sh leaves it: the first run needs no approval.
+  await mkdir(path.join(root, "var/lib/bashible"), { recursive: true });
+  await writeFile(path.join(root, "var/lib/bashible/first_run"), "");
+  return { root, kubeconfig: id.kubeconfig, name };
+}
+
+const annotations = async (name: string) => (await api.getNode(admin, name)).metadata.annotations ?? {};
+
+async function events(name: string): Promise<{ reason: string; message: string; type: string }[]> {
+  const list = await api.list<{ reason: string; message: string; type: string }>(admin, "/api/v1/namespaces/default/events", {
+    fieldSelector: `involvedObject.name=${name}`,
+  });
+  return list.items;
+}
+
+const step = (text: string) => script("050_hello", `echo "${text}" > "$BASHIBLE_ROOT/hello"`);
+
+t.test("a successful run annotates the checksum and records start/finish Events", async (t) => {
+  const n = await node("conv-1");
+  const b = makeBundle([step("one")]);
+  const file = await writeBundle(n.root, b, `../b-${n.name}.json`);
+  const r = await bashible(["once", "--root", n.root, "--bundle", file, "--kubeconfig", n.kubeconfig]);
+  t.equal(r.status, 0, r.stdout + r.stderr);
+  t.equal((await annotations(n.name))["node.deckhouse.io/configuration-checksum"], b.checksum);
+  const ev = await events(n.name);
+  t.ok(ev.some((e) => e.reason === "BashibleNodeUpdate" && /started/.test(e.message)));
+  t.ok(ev.some((e) => e.reason === "BashibleNodeUpdate" && /finished; changed: 050_hello/.test(e.message)));
+
+  // Someone removes the annotation: an in-sync run puts it back without running steps.
+  await api.patchNode(admin, n.name, { metadata: { annotations: { "node.deckhouse.io/configuration-checksum": null } } });
+  t.equal((await bashible(["once", "--root", n.root, "--bundle", file, "--kubeconfig", n.kubeconfig])).status, 0);
+  t.equal((await annotations(n.name))["node.deckhouse.io/configuration-checksum"], b.checksum, "re-asserted");
+});
+
+t.test("a failed step sends BashibleStepFailed with the log tail, secrets redacted", async (t) => {
+  const n = await node("conv-2");
+  const b = makeBundle([script("060_broken", `echo "using proxy-token-not-for-logs"; echo "disk on fire" >&2; exit 1`)]);
+  const file = await writeBundle(n.root, b, `../b-${n.name}.json`);
+  const r = await bashible(["once", "--root", n.root, "--bundle", file, "--kubeconfig", n.kubeconfig, "--retry-interval", "0", "--max-retries", "2"]);
+  t.equal(r.status, 1);
+  const failed = (await events(n.name)).find((e) => e.reason === "BashibleStepFailed");
+  t.ok(failed, "event recorded");
+  t.equal(failed?.type, "Warning");
+  t.match(failed?.message, /060_broken/);
+  t.match(failed?.message, /disk on fire/, "the log tail is in the Event");
+  t.notMatch(failed?.message, /proxy-token-not-for-logs/, "the bundle's token is redacted");
+  t.notMatch(r.stdout + r.stderr, /proxy-token-not-for-logs/, "and absent from logs");
+  t.notOk((await annotations(n.name))["node.deckhouse.io/configuration-checksum"], "no checksum claimed");
+});
+
+t.test("a later run with changes waits for update approval; the first run does not", async (t) => {
+  const n = await node("conv-3");
+  const first = await writeBundle(n.root, makeBundle([step("one")]), `../b-${n.name}.json`);
+  // First run of a node (first_run present): no approval.
+  t.equal((await bashible(["once", "--root", n.root, "--bundle", first, "--kubeconfig", n.kubeconfig])).status, 0);
+  t.rejects(readFile(path.join(n.root, "var/lib/bashible/first_run")), "first_run removed after success");
+
+  const second = await writeBundle(n.root, makeBundle([step("two")]), `../b-${n.name}.json`);
+  const run = bashible(["once", "--root", n.root, "--bundle", second, "--kubeconfig", n.kubeconfig]);
+  await waitFor("waiting-for-approval", async () =>
+    "update.node.deckhouse.io/waiting-for-approval" in (await annotations(n.name)) ? true : undefined,
+  );
+  t.equal(await readFile(path.join(n.root, "hello"), "utf8"), "one\n", "nothing changed before approval");
+  await api.patchNode(admin, n.name, { metadata: { annotations: { "update.node.deckhouse.io/approved": "" } } });
+  const r = await run;
+  t.equal(r.status, 0, r.stdout);
+  t.equal(await readFile(path.join(n.root, "hello"), "utf8"), "two\n");
+  const a = await annotations(n.name);
+  t.notOk("update.node.deckhouse.io/waiting-for-approval" in a, "approval annotations cleared");
+  t.notOk("update.node.deckhouse.io/approved" in a);
+
+  const unapproved = await writeBundle(n.root, makeBundle([step("three")]), `../b-${n.name}.json`);
+  const timedOut = await bashible(["once", "--root", n.root, "--bundle", unapproved, "--kubeconfig", n.kubeconfig, "--approval-timeout", "1"]);
+  t.equal(timedOut.status, 1, "not approved in time: not applied");
+  t.equal(await readFile(path.join(n.root, "hello"), "utf8"), "two\n");
+  const st = JSON.parse((await bashible(["status", "--root", n.root, "--json"])).stdout);
+  t.equal(st.lastRun.outcome, "waiting-approval");
+});
+
+t.test("the reboot annotation forces a run, then a (sandboxed) reboot, and is cleared", async (t) => {
+  const n = await node("conv-4");
+  const file = await writeBundle(n.root, makeBundle([step("one")]), `../b-${n.name}.json`);
+  t.equal((await bashible(["once", "--root", n.root, "--bundle", file, "--kubeconfig", n.kubeconfig])).status, 0);
+  await api.patchNode(admin, n.name, {
+    metadata: { annotations: { "update.node.deckhouse.io/reboot": "", "update.node.deckhouse.io/approved": "" } },
+  });
+  await rm(path.join(n.root, "hello"));
+  await rm(path.join(n.root, "var/lib/bashible/scripts"), { recursive: true });
+  const r = await bashible(["once", "--root", n.root, "--bundle", file, "--kubeconfig", n.kubeconfig, "--log-format", "json"]);
+  t.equal(r.status, 0, r.stdout);
+  t.match(r.stdout, /update\.node\.deckhouse\.io\/reboot/);
+  const actions = await readFile(path.join(n.root, "var/lib/bashible/sandbox-actions.log"), "utf8");
+  t.match(actions, /reboot/, "the reboot was asked for (recorded in the sandbox)");
+  t.notOk("update.node.deckhouse.io/reboot" in (await annotations(n.name)), "annotation cleared");
+});
