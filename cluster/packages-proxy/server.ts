@@ -311,10 +311,36 @@ export function createHandler(opts: ProxyOptions, cache: BlobCache, stats: Proxy
       "Cache-Control": "public, max-age=31536000, immutable",
     });
     if (req.method === "HEAD") return void res.end();
-    const rs = createReadStream(file);
-    rs.once("error", (err) => res.destroy(err));
-    rs.pipe(res);
+    await serveVerified(res, file, digest, log);
   };
+}
+
+/**
+ * Streams a cached blob, hashing as it goes and holding back the last chunk until the hash is
+ * known: a cache file that rotted on disk is cut off before its last byte (the node sees a
+ * truncated transfer and retries), removed, and fetched afresh by the next request.
+ */
+async function serveVerified(res: ServerResponse, file: string, digest: string, log: Logger): Promise<void> {
+  const hash = createHash("sha256");
+  let held: Buffer | undefined;
+  try {
+    for await (const chunk of createReadStream(file)) {
+      if (held && !res.write(held)) await new Promise((r) => res.once("drain", r));
+      if (res.destroyed) return;
+      held = chunk as Buffer;
+      hash.update(held);
+    }
+  } catch (err) {
+    res.destroy(err as Error);
+    return;
+  }
+  if (`sha256:${hash.digest("hex")}` !== digest) {
+    log.error({ digest, file }, "cached blob does not match its digest; removed, the next request refetches it");
+    await rm(file, { force: true });
+    res.destroy();
+    return;
+  }
+  res.end(held);
 }
 
 export async function startPackagesProxy(

@@ -215,3 +215,28 @@ t.test("pulls from a registry that wants the token flow, and says so when its cr
   t.ok(r.body.equals(data));
   t.ok((g.registry.auth?.tokensIssued() ?? 0) > issuedBefore, "a registry token was obtained for the pull");
 });
+
+t.test("a cached blob that rotted on disk is cut off before its end, dropped, and refetched", async (t) => {
+  const proxy = await f.another();
+  const layer = await buildLayer(binaryPackage("rot", "1", 128 << 10));
+  const { digest } = await f.registry.pushPackage("deckhouse/packages/rot", "1", layer);
+  const url = pkgUrl(proxy.url, digest, "deckhouse/packages/rot");
+  t.equal((await get(url, auth)).status, 200);
+  const cacheDir = path.join(
+    f.dir,
+    (await readdir(f.dir))
+      .filter((n) => n.startsWith("cache-"))
+      .sort((a, b) => Number(a.slice(6)) - Number(b.slice(6)))
+      .pop() as string,
+  );
+  const cached = path.join(cacheDir, "sha256", digest.slice(7, 9), digest.slice(7));
+  const fh = await open(cached, "r+");
+  await fh.write(Buffer.from("rot"), 0, 3, 500);
+  await fh.close();
+  const broken = await get(url, auth).catch((e: Error) => e);
+  t.ok(broken instanceof Error || !broken.body.equals(layer), "the rotten copy is never delivered whole");
+  const fresh = await get(url, auth);
+  t.equal(fresh.status, 200);
+  t.ok(fresh.body.equals(layer), "refetched from upstream");
+  t.equal(proxy.stats.upstreamFetches, 2);
+});
