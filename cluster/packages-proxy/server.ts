@@ -87,6 +87,8 @@ export class BlobCache {
   private readonly log: Logger;
   private bearer = new Map<string, string>();
   fetches = 0;
+  /** Digests whose cache file this process has hashed (fetched, or served whole once). */
+  readonly verified = new Set<string>();
 
   constructor(dir: string, upstream: UpstreamOptions, log: Logger) {
     this.dir = dir;
@@ -175,6 +177,7 @@ export class BlobCache {
         await rename(tmp, file);
         await fsyncDir(dir);
         this.log.info({ digest, repository, bytes, ms: Date.now() - started }, "fetched and verified upstream blob");
+        this.verified.add(digest);
         return file;
       } catch (err) {
         await fh.close().catch(() => undefined);
@@ -311,36 +314,44 @@ export function createHandler(opts: ProxyOptions, cache: BlobCache, stats: Proxy
       "Cache-Control": "public, max-age=31536000, immutable",
     });
     if (req.method === "HEAD") return void res.end();
-    await serveVerified(res, file, digest, log);
+    if (cache.verified.has(digest)) {
+      const rs = createReadStream(file);
+      rs.once("error", (err) => res.destroy(err));
+      rs.pipe(res);
+      return;
+    }
+    if (await serveVerified(res, file, digest, log)) cache.verified.add(digest);
   };
 }
 
 /**
- * Streams a cached blob, hashing as it goes and holding back the last chunk until the hash is
- * known: a cache file that rotted on disk is cut off before its last byte (the node sees a
- * truncated transfer and retries), removed, and fetched afresh by the next request.
+ * Streams a cache file this process has not hashed yet (one left by an earlier run), hashing as
+ * it goes and holding back the last chunk until the hash is known: a file that rotted on disk is
+ * cut off before its last byte (the node sees a truncated transfer and retries), removed, and
+ * fetched afresh by the next request. True when the file proved good.
  */
-async function serveVerified(res: ServerResponse, file: string, digest: string, log: Logger): Promise<void> {
+async function serveVerified(res: ServerResponse, file: string, digest: string, log: Logger): Promise<boolean> {
   const hash = createHash("sha256");
   let held: Buffer | undefined;
   try {
     for await (const chunk of createReadStream(file)) {
       if (held && !res.write(held)) await new Promise((r) => res.once("drain", r));
-      if (res.destroyed) return;
+      if (res.destroyed) return false;
       held = chunk as Buffer;
       hash.update(held);
     }
   } catch (err) {
     res.destroy(err as Error);
-    return;
+    return false;
   }
   if (`sha256:${hash.digest("hex")}` !== digest) {
     log.error({ digest, file }, "cached blob does not match its digest; removed, the next request refetches it");
     await rm(file, { force: true });
     res.destroy();
-    return;
+    return false;
   }
   res.end(held);
+  return true;
 }
 
 export async function startPackagesProxy(

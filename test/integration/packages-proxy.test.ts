@@ -8,6 +8,8 @@ import https from "node:https";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { startProxyFixture, withProxy } from "../fixtures/packages-proxy.ts";
+import { startPackagesProxy } from "../../cluster/packages-proxy/server.ts";
+import { createLogger } from "../../agent/log.ts";
 import { buildLayer, binaryPackage, randomish, sha256 } from "../fixtures/registry.ts";
 import { freePort } from "../../scripts/lib/control-plane.ts";
 
@@ -216,27 +218,39 @@ t.test("pulls from a registry that wants the token flow, and says so when its cr
   t.ok((g.registry.auth?.tokensIssued() ?? 0) > issuedBefore, "a registry token was obtained for the pull");
 });
 
-t.test("a cached blob that rotted on disk is cut off before its end, dropped, and refetched", async (t) => {
-  const proxy = await f.another();
-  const layer = await buildLayer(binaryPackage("rot", "1", 128 << 10));
-  const { digest } = await f.registry.pushPackage("deckhouse/packages/rot", "1", layer);
-  const url = pkgUrl(proxy.url, digest, "deckhouse/packages/rot");
-  t.equal((await get(url, auth)).status, 200);
-  const cacheDir = path.join(
-    f.dir,
-    (await readdir(f.dir))
-      .filter((n) => n.startsWith("cache-"))
-      .sort((a, b) => Number(a.slice(6)) - Number(b.slice(6)))
-      .pop() as string,
-  );
-  const cached = path.join(cacheDir, "sha256", digest.slice(7, 9), digest.slice(7));
-  const fh = await open(cached, "r+");
-  await fh.write(Buffer.from("rot"), 0, 3, 500);
-  await fh.close();
-  const broken = await get(url, auth).catch((e: Error) => e);
-  t.ok(broken instanceof Error || !broken.body.equals(layer), "the rotten copy is never delivered whole");
-  const fresh = await get(url, auth);
-  t.equal(fresh.status, 200);
-  t.ok(fresh.body.equals(layer), "refetched from upstream");
-  t.equal(proxy.stats.upstreamFetches, 2);
-});
+t.test(
+  "after a restart, a cache file that rotted on disk is cut off before its end, dropped, and refetched",
+  async (t) => {
+    const cacheDir = path.join(f.dir, "restart-cache");
+    const start = () =>
+      startPackagesProxy({
+        upstream: { url: f.registry.url, attempts: 1 },
+        cacheDir,
+        token: f.token,
+        tls: f.tls,
+        log: createLogger({ level: "silent" }),
+      });
+    const layer = await buildLayer(binaryPackage("rot", "1", 128 << 10));
+    const { digest } = await f.registry.pushPackage("deckhouse/packages/rot", "1", layer);
+    const first = await start();
+    t.equal((await get(pkgUrl(first.url, digest, "deckhouse/packages/rot"), auth)).status, 200);
+    await first.close();
+    const cached = path.join(cacheDir, "sha256", digest.slice(7, 9), digest.slice(7));
+    const fh = await open(cached, "r+");
+    await fh.write(Buffer.from("rot"), 0, 3, 500);
+    await fh.close();
+
+    const second = await start();
+    t.teardown(() => second.close());
+    const url = pkgUrl(second.url, digest, "deckhouse/packages/rot");
+    const broken = await get(url, auth).catch((e: Error) => e);
+    t.ok(broken instanceof Error || !broken.body.equals(layer), "the rotten copy is never delivered whole");
+    const fresh = await get(url, auth);
+    t.equal(fresh.status, 200);
+    t.ok(fresh.body.equals(layer), "refetched from upstream");
+    t.equal(second.stats.upstreamFetches, 1);
+    const again = await get(url, auth);
+    t.ok(again.body.equals(layer), "and served from the cache afterwards");
+    t.equal(second.stats.upstreamFetches, 1);
+  },
+);
