@@ -82,23 +82,16 @@ const wantedPassword = (u: NodeUserSpec) => u.passwordHash || "*";
 const authorizedKeys = (u: NodeUserSpec) => (u.sshPublicKeys.length ? `${u.sshPublicKeys.join("\n")}\n` : "");
 
 /** Data a user change carries to apply: never the hash itself. */
-interface UserData {
+type UserData = {
   uid?: number;
   groups?: string[];
   setGroups?: boolean;
   setPassword?: boolean;
   error?: string;
-}
+};
 
-function userChange(
-  action: UserChange["action"],
-  name: string,
-  summary: string,
-  data: UserData,
-): UserChange & { data: UserData } {
-  return { kind: "user", action, name, summary, data: data as Record<string, unknown> } as UserChange & {
-    data: UserData;
-  };
+function userChange(action: UserChange["action"], name: string, summary: string, data: UserData): UserChange {
+  return { kind: "user", action, name, summary, data };
 }
 
 /** Ownership of a change: the user it belongs to, or undefined for node-wide changes. */
