@@ -163,6 +163,11 @@ async function fetchPackage(host: Host, ctx: StepContext, ref: RegistryPackageRe
   if (endpoints.length === 0) {
     throw new PackageFetchError(`package ${ref.name}: the bundle names no registry-packages proxy endpoints`);
   }
+  if (!ctx.bundle.context.clusterCA.includes("BEGIN CERTIFICATE")) {
+    throw new PackageFetchError(
+      `package ${ref.name}: the bundle carries no cluster CA to verify the registry-packages proxy with (context.clusterCA); refusing to fetch unverified`,
+    );
+  }
   const query = `digest=${encodeURIComponent(ref.digest)}&repository=${encodeURIComponent(ref.repository)}`;
   const errors: string[] = [];
   for (let attempt = 1; attempt <= fetchPolicy.attempts; attempt++) {

@@ -218,6 +218,13 @@ t.test("TLS is verified against the cluster CA and a wrong token is refused with
   t.match(e2.message, /HTTP 401 \(the packages-proxy token in the bundle was refused\)/);
   t.notMatch(e2.message, "not-the-token");
   t.equal(f.proxy.stats.refused - started, 1, "a 401 is not retried");
+  const noCA = env.ctx(bundleStep([p]), {
+    context: { clusterCA: "", packagesProxy: { endpoints: [f.endpoint], token: f.token } },
+  });
+  const e3 = await step
+    .apply(await step.plan({ packages: [p] }, env.host, noCA), { packages: [p] }, env.host, noCA)
+    .catch((e) => e);
+  t.match(e3.message, /no cluster CA to verify the registry-packages proxy with/);
   t.notOk(await open(path.join(env.root, STORE, "tls")).catch(() => undefined), "nothing installed");
 });
 
