@@ -47,10 +47,15 @@ export interface ProxyOptions {
 
 export interface ProxyStats {
   requests: number;
+  /** 200 answers. */
+  served: number;
   upstreamFetches: number;
   cacheHits: number;
   notModified: number;
+  /** 401 answers (no or wrong token). */
   refused: number;
+  /** Blobs not served: upstream error, verification failure, not found. */
+  failed: number;
 }
 
 export interface PackagesProxy {
@@ -260,6 +265,24 @@ function etagMatches(header: string | undefined, digest: string): boolean {
     .some((t) => t === "*" || t === digest);
 }
 
+const METRICS: [keyof ProxyStats, string][] = [
+  ["requests", "HTTP requests received"],
+  ["served", "package blobs served (200)"],
+  ["upstreamFetches", "blob fetches from the upstream registry"],
+  ["cacheHits", "requests answered from the disk cache"],
+  ["notModified", "requests answered 304 Not Modified"],
+  ["refused", "requests refused for a missing or wrong token"],
+  ["failed", "requests whose blob could not be served (upstream error, verification, not found)"],
+];
+
+/** Prometheus text exposition of the counters. */
+function metricsText(stats: ProxyStats): string {
+  return METRICS.map(([k, help]) => {
+    const name = `registry_packages_proxy_${k.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`)}_total`;
+    return `# HELP ${name} ${help}\n# TYPE ${name} counter\n${name} ${stats[k]}\n`;
+  }).join("");
+}
+
 function send(res: ServerResponse, status: number, message: string): void {
   res.writeHead(status, { "Content-Type": "text/plain; charset=utf-8" });
   res.end(`${message}\n`);
@@ -271,6 +294,10 @@ export function createHandler(opts: ProxyOptions, cache: BlobCache, stats: Proxy
     stats.requests++;
     const url = new URL(req.url ?? "/", "https://proxy");
     if (url.pathname === "/healthz") return send(res, 200, "ok");
+    if (url.pathname === "/metrics") {
+      res.writeHead(200, { "Content-Type": "text/plain; version=0.0.4" });
+      return void res.end(metricsText({ ...stats, upstreamFetches: cache.fetches }));
+    }
     if (url.pathname !== "/package") return send(res, 404, `no such path ${url.pathname}; use GET /package?digest=…`);
     if (req.method !== "GET" && req.method !== "HEAD") {
       res.setHeader("Allow", "GET, HEAD");
@@ -301,11 +328,13 @@ export function createHandler(opts: ProxyOptions, cache: BlobCache, stats: Proxy
       file = got.file;
       if (got.hit) stats.cacheHits++;
     } catch (err) {
+      stats.failed++;
       const status = err instanceof UpstreamError ? err.status : 502;
       log.error({ digest, repository, err: (err as Error).message }, "package not served");
       return send(res, status, (err as Error).message);
     }
     const size = (await stat(file)).size;
+    stats.served++;
     res.writeHead(200, {
       "Content-Type": "application/octet-stream",
       "Content-Length": String(size),
@@ -358,7 +387,15 @@ export async function startPackagesProxy(
   opts: ProxyOptions,
   listen: { host?: string; port?: number } = {},
 ): Promise<PackagesProxy> {
-  const stats: ProxyStats = { requests: 0, upstreamFetches: 0, cacheHits: 0, notModified: 0, refused: 0 };
+  const stats: ProxyStats = {
+    requests: 0,
+    served: 0,
+    upstreamFetches: 0,
+    cacheHits: 0,
+    notModified: 0,
+    refused: 0,
+    failed: 0,
+  };
   const cache = new BlobCache(opts.cacheDir, opts.upstream, opts.log);
   const handler = createHandler(opts, cache, stats);
   const server = https.createServer({ cert: opts.tls.cert, key: opts.tls.key }, (req, res) => {

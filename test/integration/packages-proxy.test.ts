@@ -94,6 +94,9 @@ t.test("fifty concurrent requests for one digest make exactly one upstream fetch
   await get(pkgUrl(proxy.url, digest, "deckhouse/packages/big"), auth);
   t.equal(proxy.stats.upstreamFetches, 1, "later requests are served from the cache");
   t.ok(proxy.stats.cacheHits >= 1);
+  const metrics = (await get(`${proxy.url}/metrics`)).body.toString();
+  t.match(metrics, /^registry_packages_proxy_upstream_fetches_total 1$/m);
+  t.match(metrics, /^registry_packages_proxy_served_total 51$/m);
 });
 
 t.test("a tampered upstream blob is refused with 502 and never cached", async (t) => {
