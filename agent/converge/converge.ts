@@ -265,6 +265,9 @@ async function convergeLocked(s: Session, o: ConvergeOptions): Promise<ConvergeR
     }
   }
 
+  // From here the node is between states: drop the applied checksum first (as Deckhouse does),
+  // so a run that is killed or fails is never mistaken for an applied one.
+  await host.remove(PATHS.configurationChecksum);
   await reporter.event("BashibleNodeUpdate", `converge to ${checksum.slice(0, 12)} started: ${gate.reason}`);
   const result = await applySteps(host, bundle, base, o.retry ?? DEFAULT_RETRY, {
     onStepFailed: (step, message, tail) =>

@@ -148,7 +148,13 @@ export class Host {
     const real = this.path(p);
     const dir = path.dirname(real);
     await mkdir(dir, { recursive: true });
-    const tmp = path.join(dir, `.${path.basename(real)}.bashible-${randomBytes(4).toString("hex")}`);
+    // A write killed before its rename leaves its temp file behind; the next write of the
+    // same file sweeps it up.
+    const tmpPrefix = `.${path.basename(real)}.bashible-`;
+    for (const name of await readdir(dir)) {
+      if (name.startsWith(tmpPrefix)) await rm(path.join(dir, name), { force: true });
+    }
+    const tmp = path.join(dir, `${tmpPrefix}${randomBytes(4).toString("hex")}`);
     const fh = await open(tmp, "w", opts.mode);
     try {
       await fh.writeFile(content);
@@ -175,7 +181,13 @@ export class Host {
     const real = this.path(p);
     const dir = path.dirname(real);
     await mkdir(dir, { recursive: true });
-    const tmp = path.join(dir, `.${path.basename(real)}.bashible-${randomBytes(4).toString("hex")}`);
+    // A write killed before its rename leaves its temp file behind; the next write of the
+    // same file sweeps it up.
+    const tmpPrefix = `.${path.basename(real)}.bashible-`;
+    for (const name of await readdir(dir)) {
+      if (name.startsWith(tmpPrefix)) await rm(path.join(dir, name), { force: true });
+    }
+    const tmp = path.join(dir, `${tmpPrefix}${randomBytes(4).toString("hex")}`);
     const fh = await open(tmp, "w", opts.mode);
     try {
       for await (const chunk of source) await fh.write(chunk);

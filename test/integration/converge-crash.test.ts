@@ -1,0 +1,120 @@
+// Crash safety: SIGKILL the agent at random points of converges, many times, then let it
+// finish. The end state must equal that of an uninterrupted run: same file tree (content,
+// modes), same applied checksum, same script records.
+import t from "tap";
+import { spawn } from "node:child_process";
+import { mkdtemp, readdir, readFile, lstat, readlink, writeFile } from "node:fs/promises";
+import { createHash } from "node:crypto";
+import os from "node:os";
+import path from "node:path";
+import { MAIN, bashible } from "../fixtures/cli.ts";
+import { makeBundle, sandbox, script } from "../fixtures/bundle.ts";
+import { createCA } from "../../scripts/lib/pki.ts";
+import type { BundleStep } from "../../bundles/types.ts";
+
+const KILLS = Number(process.env.BASHIBLE_CRASH_KILLS ?? 100);
+
+const pkiDir = await mkdtemp(path.join(os.tmpdir(), "crash-pki-"));
+const caA = await readFile((await createCA(pkiDir, "a", "crash-a")).cert, "utf8");
+const caB = await readFile((await createCA(pkiDir, "b", "crash-b")).cert, "utf8");
+// A second, constant CA: with two or more certificates the generated bundle file is never
+// mistaken for a single certificate by the rehash (it is on a machine with a real trust store).
+const caC = await readFile((await createCA(pkiDir, "c", "crash-c")).cert, "utf8");
+
+function bundleFor(version: "A" | "B") {
+  const steps: BundleStep[] = [
+    {
+      name: "003_ca_certificates",
+      kind: "CACertificates",
+      spec: {
+        certificates: [
+          { name: `crash-${version}`, pem: version === "A" ? caA : caB },
+          { name: "crash-constant", pem: caC },
+        ],
+      },
+    },
+    { name: "004_deckhouse_path", kind: "DeckhousePath", spec: {} },
+    script(
+      "050_config",
+      `mkdir -p "$BASHIBLE_ROOT/etc/app"\nfor i in $(seq 1 20); do echo "${version} $i" > "$BASHIBLE_ROOT/etc/app/part-$i.conf.tmp" && mv "$BASHIBLE_ROOT/etc/app/part-$i.conf.tmp" "$BASHIBLE_ROOT/etc/app/part-$i.conf"; done`,
+    ),
+    script("060_marker", `echo "${version}" > "$BASHIBLE_ROOT/etc/app/version"`),
+  ];
+  return makeBundle(steps);
+}
+
+/** The converged state: every file and link with its mode and content digest; volatile bookkeeping left out. */
+async function endState(root: string): Promise<string[]> {
+  const out: string[] = [];
+  const skip = (rel: string) =>
+    rel.startsWith("var/log/") ||
+    rel === "var/lib/bashible/status.json" ||
+    rel.startsWith("var/lock") ||
+    rel.startsWith("var/lib/bashible/bundles/");
+  const walk = async (dir: string) => {
+    for (const name of (await readdir(dir)).sort()) {
+      const p = path.join(dir, name);
+      const rel = path.relative(root, p);
+      if (skip(rel)) continue;
+      const st = await lstat(p);
+      const entry = `${rel} ${st.mode.toString(8)}`;
+      if (st.isSymbolicLink()) out.push(`${entry} -> ${path.relative(root, path.resolve(dir, await readlink(p)))}`);
+      else if (st.isDirectory()) {
+        out.push(entry);
+        await walk(p);
+      } else if (rel.startsWith("var/lib/bashible/scripts/")) {
+        const { at: _at, ...rest } = JSON.parse(await readFile(p, "utf8"));
+        out.push(`${entry} ${JSON.stringify(rest)}`);
+      } else
+        out.push(
+          `${entry} ${createHash("sha256")
+            .update(await readFile(p))
+            .digest("hex")
+            .slice(0, 16)}`,
+        );
+    }
+  };
+  await walk(root);
+  return out;
+}
+
+async function finish(root: string, file: string) {
+  const r = await bashible(["once", "--root", root, "--bundle", file, "--retry-interval", "0", "--max-retries", "3"]);
+  if (r.status !== 0) throw new Error(`final converge failed: ${r.stdout}${r.stderr}`);
+}
+
+t.test(`SIGKILL at ${KILLS} random points, then one more run: same end state as an uninterrupted run`, async (t) => {
+  const reference = await sandbox();
+  const refFile = path.join(path.dirname(reference), `crash-ref-${path.basename(reference)}.json`);
+  await writeFile(refFile, JSON.stringify(bundleFor("B")));
+  await finish(reference, refFile);
+
+  const root = await sandbox();
+  const file = path.join(path.dirname(root), `crash-${path.basename(root)}.json`);
+  let interrupted = 0;
+  for (let i = 0; i < KILLS; i++) {
+    // Alternate bundles so every run has real work to be interrupted in.
+    await writeFile(file, JSON.stringify(bundleFor(i % 2 === 0 ? "A" : "B")));
+    const child = spawn(process.execPath, [MAIN, "once", "--root", root, "--bundle", file, "--max-retries", "1"], {
+      stdio: "ignore",
+    });
+    const exited = new Promise<number | null>((r) => child.once("exit", (code) => r(code)));
+    await new Promise((r) => setTimeout(r, Math.random() * 700));
+    if (child.exitCode === null) {
+      child.kill("SIGKILL");
+      interrupted++;
+    }
+    await exited;
+  }
+  await writeFile(file, JSON.stringify(bundleFor("B")));
+  await finish(root, file);
+  t.ok(interrupted >= KILLS / 2, `${interrupted} of ${KILLS} runs were killed mid-flight`);
+  t.same(await endState(root), await endState(reference), "end state equals the uninterrupted run's");
+  t.equal(
+    await readFile(path.join(root, "var/lib/bashible/configuration_checksum"), "utf8"),
+    await readFile(path.join(reference, "var/lib/bashible/configuration_checksum"), "utf8"),
+  );
+  const plan = await bashible(["plan", "--root", root, "--bundle", file]);
+  t.equal(plan.status, 0, "and nothing is left to do");
+  console.error(`# crash safety: ${KILLS} runs, ${interrupted} killed mid-converge`);
+});
