@@ -6,7 +6,11 @@ import { fileURLToPath } from "node:url";
 import Mustache from "mustache";
 import { RenderError } from "./errors.ts";
 
-const DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../../bundles/templates");
+// From the source tree by default; a bundled build (dist/) sets BASHIBLE_TEMPLATES_DIR to where
+// the image ships bundles/templates.
+const DIR =
+  process.env.BASHIBLE_TEMPLATES_DIR ??
+  path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../../bundles/templates");
 const cache = new Map<string, string>();
 
 export function template(name: string): string {

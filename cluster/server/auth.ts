@@ -62,7 +62,11 @@ function peerCertificate(socket: TLSSocket): X509Certificate | null {
   return cert;
 }
 
-const verdictCache = new WeakMap<TLSSocket, "front-proxy" | Identity | null>();
+const verdictCache = new WeakMap<object, "front-proxy" | Identity | null>();
+
+/** What identifies the TLS connection: the HTTP/2 session (its socket proxy is new per stream) or the socket. */
+const connectionOf = (req: IncomingMessage): object =>
+  (req as unknown as { stream?: { session?: object } }).stream?.session ?? req.socket;
 
 /**
  * The identity behind a request, or undefined when it presented nothing usable.
@@ -70,7 +74,8 @@ const verdictCache = new WeakMap<TLSSocket, "front-proxy" | Identity | null>();
  */
 export function authenticate(req: IncomingMessage, cfg: AuthConfig): Identity | undefined {
   const socket = req.socket as TLSSocket;
-  let verdict = verdictCache.get(socket);
+  const conn = connectionOf(req);
+  let verdict = verdictCache.get(conn);
   if (verdict === undefined) {
     const cert = peerCertificate(socket);
     verdict = null;
@@ -87,14 +92,19 @@ export function authenticate(req: IncomingMessage, cfg: AuthConfig): Identity | 
         throw new AuthError(`client certificate '${cn}' is not issued by a trusted CA`);
       }
     }
-    verdictCache.set(socket, verdict);
+    verdictCache.set(conn, verdict);
   }
   if (verdict === null) return undefined;
   if (verdict !== "front-proxy") return verdict;
   const user = req.headers["x-remote-user"];
   if (typeof user !== "string" || !user) return { user: "", groups: [], via: "front-proxy" };
-  // The aggregator sends one X-Remote-Group header per group.
-  const groups = (req.headersDistinct["x-remote-group"] ?? []).flatMap((g) => g.split(",").map((s) => s.trim()));
+  // The aggregator sends one X-Remote-Group header per group; rawHeaders keeps them apart
+  // under both HTTP/1.1 and HTTP/2.
+  const groups: string[] = [];
+  const raw = req.rawHeaders;
+  for (let i = 0; i + 1 < raw.length; i += 2) {
+    if (raw[i]!.toLowerCase() === "x-remote-group") groups.push(...raw[i + 1]!.split(",").map((s) => s.trim()));
+  }
   return { user, groups: groups.filter(Boolean), via: "front-proxy" };
 }
 

@@ -55,8 +55,11 @@ export function createHandler(deps: HandlerDeps) {
   const { store, hub, metrics, log } = deps;
 
   return async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
-    const url = new URL(req.url ?? "/", "https://bashible");
-    const path = url.pathname.replace(/\/+$/, "") || "/";
+    // Split by hand: a WHATWG URL per request is measurable garbage at 10,000 polling nodes.
+    const raw = req.url ?? "/";
+    const q = raw.indexOf("?");
+    const path = (q >= 0 ? raw.slice(0, q) : raw).replace(/\/+$/, "") || "/";
+    const url = { searchParams: new URLSearchParams(q >= 0 ? raw.slice(q + 1) : "") };
     if (path === "/healthz" || path === "/livez") return send(res, 200, "ok", { "Content-Type": "text/plain" });
     if (path === "/readyz") {
       return deps.ready()
@@ -97,7 +100,8 @@ export function createHandler(deps: HandlerDeps) {
 
     const scope = await scopeOf(id, deps.nodeGroupOf);
     const verb = watch ? "watch" : name ? "get" : "list";
-    const done = (code: number) => metrics.requests.inc({ resource, verb, code: String(code) });
+    const done = (code: number) =>
+      metrics.requests.inc({ resource, verb, code: String(code), http: req.httpVersion === "2.0" ? "2" : "1.1" });
     const forbidden = (what: string) => {
       done(403);
       log.info({ user: id.user, groups: id.groups, resource, name: what }, "access refused");

@@ -1,7 +1,14 @@
 // A few Prometheus counters and gauges in the text exposition format; no client library
 // needed for this many series.
 
+import { monitorEventLoopDelay } from "node:perf_hooks";
+
 type Labels = Record<string, string>;
+
+// Event-loop delay is what every request waits behind; exposed so a slow answer can be told
+// apart from a slow network or client.
+const loopDelay = monitorEventLoopDelay({ resolution: 10 });
+loopDelay.enable();
 
 const key = (labels: Labels) =>
   Object.keys(labels)
@@ -52,6 +59,15 @@ export class Metrics {
   );
 
   text(): string {
-    return `${[this.renders, this.renderErrors, this.requests, this.watchers, this.checksumWrites].map((s) => s.text()).join("\n")}\n`;
+    const m = process.memoryUsage();
+    const proc = [
+      `# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes ${m.rss}`,
+      `# TYPE nodejs_heap_used_bytes gauge\nnodejs_heap_used_bytes ${m.heapUsed}`,
+      `# TYPE nodejs_external_memory_bytes gauge\nnodejs_external_memory_bytes ${m.external + m.arrayBuffers}`,
+      `# TYPE nodejs_eventloop_delay_p99_seconds gauge\nnodejs_eventloop_delay_p99_seconds ${loopDelay.percentile(99) / 1e9}`,
+      `# TYPE nodejs_eventloop_delay_max_seconds gauge\nnodejs_eventloop_delay_max_seconds ${loopDelay.max / 1e9}`,
+    ];
+    const series = [this.renders, this.renderErrors, this.requests, this.watchers, this.checksumWrites];
+    return `${[...series.map((s) => s.text()), ...proc].join("\n")}\n`;
   }
 }

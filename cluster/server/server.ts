@@ -1,8 +1,12 @@
 // The HTTPS server itself: TLS with an optional client certificate (the front proxy's, or a
-// user's in standalone mode; checked per request in auth.ts), long keep-alive so a node's
-// once-a-minute poll reuses its connection instead of paying a TLS handshake each time.
-import https from "node:https";
-import type { AddressInfo } from "node:net";
+// user's in standalone mode; checked per request in auth.ts). HTTP/2 and HTTP/1.1 on one port:
+// behind the aggregator, thousands of node watches arrive as streams over a few HTTP/2
+// connections instead of one TLS connection each (a TLS connection costs ~70 KB of native
+// memory here). HTTP/1.1 keep-alive is long, so a node polling directly once a minute reuses
+// its connection instead of paying a TLS handshake each time.
+import http2 from "node:http2";
+import type { IncomingMessage, ServerResponse } from "node:http";
+import type { AddressInfo, Socket } from "node:net";
 import type { Logger } from "../../agent/log.ts";
 import { createHandler, type HandlerDeps } from "./handler.ts";
 
@@ -17,14 +21,14 @@ export interface ServeOptions extends HandlerDeps {
 
 export interface RunningServer {
   port: number;
-  server: https.Server;
+  server: http2.Http2SecureServer;
   close(): Promise<void>;
 }
 
 export async function serve(opts: ServeOptions): Promise<RunningServer> {
   const handle = createHandler(opts);
   const log: Logger = opts.log;
-  const server = https.createServer(
+  const server = http2.createSecureServer(
     {
       cert: opts.cert,
       key: opts.key,
@@ -32,12 +36,17 @@ export async function serve(opts: ServeOptions): Promise<RunningServer> {
       requestCert: true,
       // Verified per request against the right CA for the right role (auth.ts).
       rejectUnauthorized: false,
-      keepAliveTimeout: 150_000,
-      headersTimeout: 20_000,
-      requestTimeout: 30_000,
-      noDelay: true,
+      allowHTTP1: true,
+      // A Go client (the aggregator) opens another connection when a server's stream limit is
+      // reached, so this bounds streams per connection, not watches in total.
+      settings: { maxConcurrentStreams: 1000 },
+      // Watches stream for up to an hour; the default session queue cap would cut slow readers.
+      maxSessionMemory: 64,
     },
-    (req, res) => {
+    (h2req, h2res) => {
+      // The HTTP/2 compatibility objects offer the same surface the handler uses.
+      const req = h2req as unknown as IncomingMessage;
+      const res = h2res as unknown as ServerResponse;
       handle(req, res).catch((err: Error) => {
         log.error({ err: err.message, url: req.url }, "request failed");
         if (!res.headersSent) {
@@ -56,8 +65,15 @@ export async function serve(opts: ServeOptions): Promise<RunningServer> {
       });
     },
   );
+  const sockets = new Set<Socket>();
+  server.on("connection", (s: Socket) => {
+    sockets.add(s);
+    s.once("close", () => sockets.delete(s));
+  });
   // Idle keep-alive sockets and watches both sit here; neither needs a socket-level timeout.
   server.setTimeout(0);
+  // Read by the HTTP/1.1 fallback for its connections.
+  Object.assign(server, { keepAliveTimeout: 150_000, headersTimeout: 20_000, requestTimeout: 30_000 });
   await new Promise<void>((resolve, reject) => {
     server.once("error", reject);
     server.listen(opts.port, opts.host, () => resolve());
@@ -70,7 +86,7 @@ export async function serve(opts: ServeOptions): Promise<RunningServer> {
       new Promise<void>((resolve) => {
         opts.hub.close();
         server.close(() => resolve());
-        server.closeAllConnections();
+        for (const s of sockets) s.destroy();
       }),
   };
 }

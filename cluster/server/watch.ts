@@ -73,9 +73,10 @@ export class WatchHub {
     res.writeHead(200, {
       "Content-Type": req.asTable ? "application/json;as=Table;v=v1;g=meta.k8s.io" : "application/json",
       "Cache-Control": "no-cache, private",
-      "Transfer-Encoding": "chunked",
     });
-    res.flushHeaders();
+    // HTTP/1.1 chunks the body by itself; HTTP/2 has no Transfer-Encoding. Send headers now so
+    // the client knows the watch is established before the first event.
+    if (typeof res.flushHeaders === "function") res.flushHeaders();
     const w: Watcher = { req, res, lastRv: 0, firstTableSent: false };
     const since = req.resourceVersion && req.resourceVersion !== "0" ? Number(req.resourceVersion) : undefined;
     const visible = (e: Entry) => (!req.name || e.group === req.name) && req.allowed(e.group);
@@ -110,7 +111,10 @@ export class WatchHub {
   }
 
   private write(w: Watcher, line: Buffer): void {
-    if (w.res.writableLength > MAX_BUFFERED) {
+    // Under HTTP/2 the bytes queue on the stream, not on the compat response.
+    const queued =
+      (w.res as unknown as { stream?: { writableLength: number } }).stream?.writableLength ?? w.res.writableLength;
+    if (queued > MAX_BUFFERED) {
       w.res.destroy();
       return;
     }

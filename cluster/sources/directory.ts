@@ -24,6 +24,36 @@ interface Loaded {
   nodes: Map<string, string>;
 }
 
+/** Documents of a file; a `kind: List` (what `kubectl get -o json` writes) counts as its items. */
+function parseObjects(file: string, text: string): Record<string, unknown>[] {
+  let docs: unknown[];
+  if (file.endsWith(".json")) {
+    // JSON.parse is far lighter than the YAML parser for large dumps (thousands of Nodes).
+    try {
+      docs = [JSON.parse(text)];
+    } catch (err) {
+      throw new ConfigDirError(`${file}: ${(err as Error).message}`);
+    }
+  } else {
+    docs = parseAllDocuments(text).map((doc) => {
+      if (doc.errors.length) throw new ConfigDirError(`${file}: ${doc.errors[0]?.message}`);
+      return doc.toJS();
+    });
+  }
+  const out: Record<string, unknown>[] = [];
+  for (const d of docs) {
+    if (!d || typeof d !== "object") continue;
+    const obj = d as Record<string, unknown>;
+    if (
+      obj.kind === "List" ||
+      (typeof obj.kind === "string" && obj.kind.endsWith("List") && Array.isArray(obj.items))
+    ) {
+      out.push(...((obj.items as Record<string, unknown>[]) ?? []));
+    } else out.push(obj);
+  }
+  return out;
+}
+
 export async function loadConfigDir(dir: string): Promise<Loaded> {
   let names: string[];
   try {
@@ -40,10 +70,7 @@ export async function loadConfigDir(dir: string): Promise<Loaded> {
   for (const name of names) {
     const file = path.join(dir, name);
     const text = await readFile(file, "utf8");
-    for (const doc of parseAllDocuments(text)) {
-      if (doc.errors.length) throw new ConfigDirError(`${file}: ${doc.errors[0]?.message}`);
-      const obj = doc.toJS() as Record<string, unknown> | null;
-      if (!obj) continue;
+    for (const obj of parseObjects(file, text)) {
       const kind = obj.kind;
       const metaName = (obj.metadata as { name?: string } | undefined)?.name;
       if (kind !== "ClusterContext" && typeof metaName !== "string") {

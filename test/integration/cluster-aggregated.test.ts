@@ -256,3 +256,8 @@ t.test("a group token is reused while 3 h remain and replaced after", async (t) 
   t.not(c.token, a.token, "under 3 h left: a fresh token");
   t.ok(Date.parse(c.expiration) > Date.parse(a.expiration));
 });
+
+t.test("the aggregator reaches the server over HTTP/2 (watches multiplex on few connections)", async (t) => {
+  const text = app.metrics.text();
+  t.match(text, /bashible_server_requests_total\{code="200",http="2",resource="nodegroupbundles",verb="watch"\} \d+/);
+});

@@ -158,5 +158,5 @@ t.test("health and metrics need no certificate", async (t) => {
   t.equal((await get("/readyz")).status, 200);
   const m = await get("/metrics");
   t.match(m.body, /bashible_server_renders_total \d+/);
-  t.match(m.body, /bashible_server_requests_total\{code="403",resource="nodegroupbundles",verb="get"\} 1/);
+  t.match(m.body, /bashible_server_requests_total\{code="403",http="1.1",resource="nodegroupbundles",verb="get"\} 1/);
 });
