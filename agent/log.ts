@@ -1,6 +1,7 @@
 // One logger for the whole agent: pino JSON lines (journald keeps them as-is) or, on a
 // terminal, a compact human form. Secrets are redacted here, where they enter the log.
 import { pino, type Logger, type DestinationStream } from "pino";
+import { prettyLine, REDACT_KEYS } from "./log-format.ts";
 
 export type { Logger };
 export type LogFormat = "json" | "pretty";
@@ -12,39 +13,10 @@ export interface LogOptions {
   to?: "stdout" | "stderr";
 }
 
-/** Field names whose values never reach a log line, at any depth pino's redact covers. */
-const REDACT = [
-  "token",
-  "*.token",
-  "password",
-  "passwordHash",
-  "*.passwordHash",
-  "authorization",
-  "*.authorization",
-  "headers.authorization",
-  "key",
-  "*.key",
-  "clientKey",
-  "bootstrapToken",
-  "*.bootstrapToken",
-];
+/** pino redact paths: every REDACT_KEYS name at the top level and one level down. */
+const REDACT = [...REDACT_KEYS].flatMap((k) => [k, `*.${k}`]).concat("headers.authorization");
 
-/** Formats pino's JSON line as `HH:MM:SS LEVEL msg key=value…` for people at a terminal. */
-export function prettyLine(json: string): string {
-  let rec: Record<string, unknown>;
-  try {
-    rec = JSON.parse(json) as Record<string, unknown>;
-  } catch {
-    return json;
-  }
-  const { time, level, msg, pid: _pid, hostname: _host, ...rest } = rec;
-  const clock = typeof time === "number" ? new Date(time).toISOString().slice(11, 19) : "";
-  const lvl = String(level).toUpperCase().padEnd(5);
-  const fields = Object.entries(rest)
-    .map(([k, v]) => `${k}=${typeof v === "string" && !/\s/.test(v) ? v : JSON.stringify(v)}`)
-    .join(" ");
-  return `${clock} ${lvl} ${msg ?? ""}${fields ? `  ${fields}` : ""}\n`;
-}
+export { prettyLine };
 
 function prettyDestination(fd: 1 | 2): DestinationStream {
   const out = fd === 1 ? process.stdout : process.stderr;

@@ -4,7 +4,7 @@
 import { parseArgs } from "node:util";
 import path from "node:path";
 import { EXIT, UsageError, type Command, type OptionSpec } from "./cli/command.ts";
-import { createLogger, type LogFormat } from "./log.ts";
+import type { LogFormat, Logger } from "./log.ts";
 
 const COMMANDS: Record<string, () => Promise<{ default: Command }>> = {
   run: () => import("./commands/run.ts"),
@@ -52,6 +52,18 @@ function commandHelp(name: string, cmd: Command): string {
   return `usage: bashible ${name} ${cmd.usage}\n\n${cmd.summary}\n\n${cmd.help.trimEnd()}\n\n${GLOBAL_HELP}${root}\n`;
 }
 
+async function makeLogger(cmd: Command, format: LogFormat | undefined, level: string | undefined): Promise<Logger> {
+  if (cmd.resident) {
+    const { createLightLogger } = await import("./log-light.ts");
+    return createLightLogger({
+      format: format ?? (process.stdout.isTTY ? "pretty" : "json"),
+      level: level ?? process.env.BASHIBLE_LOG_LEVEL ?? "info",
+    });
+  }
+  const { createLogger } = await import("./log.ts");
+  return createLogger({ format, level, to: cmd.logTo ?? "stdout" });
+}
+
 export async function main(argv: string[]): Promise<number> {
   const [name, ...rest] = argv;
   if (name === undefined || name === "help" || name === "--help" || name === "-h") {
@@ -92,11 +104,7 @@ export async function main(argv: string[]): Promise<number> {
     process.stderr.write(`bashible ${name}: --log-format must be json or pretty, not '${format}'\n`);
     return EXIT.error;
   }
-  const log = createLogger({
-    format: format as LogFormat | undefined,
-    level: values["log-level"] as string | undefined,
-    to: cmd.logTo ?? "stdout",
-  });
+  const log = await makeLogger(cmd, format as LogFormat | undefined, values["log-level"] as string | undefined);
   const root = path.resolve((values.root as string | undefined) ?? "/");
   try {
     return await cmd.run({ values, positionals, log, root, stdout: (t) => process.stdout.write(t) });
@@ -110,6 +118,8 @@ export async function main(argv: string[]): Promise<number> {
   }
 }
 
-const code = await main(process.argv.slice(2));
-// Let pending stdout writes drain; exiting early would truncate piped output.
-process.exitCode = code;
+// No top-level await: the same entry also bundles as CommonJS (single-executable builds).
+// exitCode instead of exit(): pending stdout writes drain; exiting early would truncate output.
+main(process.argv.slice(2)).then((code) => {
+  process.exitCode = code;
+});

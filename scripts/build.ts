@@ -24,6 +24,12 @@ if [ ! -x "$here/bashible.d/node" ]; then
   echo "bashible: runtime not found at $here/bashible.d/node; install the whole bashible directory and run the launcher from it (not through a symlink)" >&2
   exit 1
 fi
+# The resident daemon idles smaller with V8's lite mode (interpreter only, lazy feedback;
+# ~3 MB) and without materialising Node's bundled root CA store (it always pins the cluster
+# CA; ~2 MB). Converges run in a child with the full compiler and the default store.
+case "$1" in
+  run) exec "$here/bashible.d/node" --lite-mode --use-openssl-ca --max-semi-space-size=1 "$here/bashible.d/app/main.mjs" "$@" ;;
+esac
 exec "$here/bashible.d/node" --max-semi-space-size=1 "$here/bashible.d/app/main.mjs" "$@"
 `;
 

@@ -1,7 +1,7 @@
 import { EXIT, UsageError, type Command } from "../cli/command.ts";
 import { Host } from "../host/host.ts";
 import { Daemon } from "../daemon/daemon.ts";
-import { clusterClients, nodeName } from "../converge/connect.ts";
+import { nodeName } from "../converge/node-name.ts";
 import { resolveBundleFile } from "../converge/source.ts";
 import { CONVERGE_HELP, CONVERGE_OPTIONS, convergeOptions } from "./converge-options.ts";
 import type { KubeClient } from "../kube/client.ts";
@@ -33,6 +33,7 @@ Options:
 ${CONVERGE_HELP}`,
   options: { ...CONVERGE_OPTIONS, tick: { type: "string" } },
   takesRoot: true,
+  resident: true,
   async run({ values, root, log }) {
     const opts = convergeOptions(values, root, log); // validates the shared flags
     const tick = values.tick === undefined ? 60 : Number(values.tick);
@@ -46,8 +47,11 @@ ${CONVERGE_HELP}`,
     // Host needs an OS profile only for steps; the daemon reads state files and talks to the API.
     const host = new Host(root, { id: "", versionId: "", family: "debian", packageManager: "apt" });
     let clients: KubeClient[] = [];
-    if (!opts.bundle || opts.kubeconfig)
+    if (!opts.bundle || opts.kubeconfig) {
+      // Loaded only when talking to a cluster: TLS alone costs the process about 8 MB.
+      const { clusterClients } = await import("../converge/connect.ts");
       clients = await clusterClients(host, { kubeconfig: opts.kubeconfig, servers: opts.servers });
+    }
     const daemon = new Daemon({
       root,
       log,

@@ -2,7 +2,6 @@
 // through the local API proxy (kubelet.conf, normally https://127.0.0.1:6445), then the same
 // certificate against the API servers the last bundle listed; before the kubelet exists, the
 // bootstrap token and CA that bootstrap.sh left in /var/lib/bashible. Always TLS-verified.
-import os from "node:os";
 import { KubeClient } from "../kube/client.ts";
 import { bootstrapConnection, loadKubeconfig, type KubeConnection } from "../kube/kubeconfig.ts";
 import type { Host } from "../host/host.ts";
@@ -50,13 +49,4 @@ export async function clusterClients(host: Host, o: ConnectOptions): Promise<Kub
   return (await clusterConnections(host, o)).map((c) => new KubeClient(c, { timeoutMs: o.timeoutMs ?? 10_000 }));
 }
 
-/** --node-name, else NODE_NAME, else the tree's /etc/hostname (sandbox) or the hostname. */
-export async function nodeName(host: Host, flag?: string): Promise<string> {
-  if (flag) return flag;
-  if (process.env.NODE_NAME) return process.env.NODE_NAME;
-  if (host.sandbox) {
-    const h = (await host.readText("/etc/hostname"))?.trim();
-    if (h) return h;
-  }
-  return os.hostname();
-}
+export { nodeName } from "./node-name.ts";

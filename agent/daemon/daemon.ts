@@ -167,7 +167,8 @@ export class Daemon {
       return;
     }
     this.log.info({ reason }, "converge due");
-    const args = [...process.execArgv, process.argv[1] ?? "", "once", ...this.o.childArgs];
+    const execArgv = process.execArgv.filter((a) => a !== "--lite-mode" && a !== "--use-openssl-ca");
+    const args = [...execArgv, process.argv[1] ?? "", "once", ...this.o.childArgs];
     const child = spawn(process.execPath, args, { stdio: "inherit" });
     this.child = child;
     child.once("exit", (code, signal) => {

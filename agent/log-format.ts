@@ -1,0 +1,29 @@
+// What both loggers share: the keys that are always redacted and the terminal line format.
+
+/** Field names whose values never reach a log line. */
+export const REDACT_KEYS = new Set([
+  "token",
+  "password",
+  "passwordHash",
+  "authorization",
+  "key",
+  "clientKey",
+  "bootstrapToken",
+]);
+
+/** Formats a JSON log line as `HH:MM:SS LEVEL msg key=value…` for people at a terminal. */
+export function prettyLine(json: string): string {
+  let rec: Record<string, unknown>;
+  try {
+    rec = JSON.parse(json) as Record<string, unknown>;
+  } catch {
+    return json;
+  }
+  const { time, level, msg, pid: _pid, hostname: _host, ...rest } = rec;
+  const clock = typeof time === "number" ? new Date(time).toISOString().slice(11, 19) : "";
+  const lvl = String(level).toUpperCase().padEnd(5);
+  const fields = Object.entries(rest)
+    .map(([k, v]) => `${k}=${typeof v === "string" && !/\s/.test(v) ? v : JSON.stringify(v)}`)
+    .join(" ");
+  return `${clock} ${lvl} ${msg ?? ""}${fields ? `  ${fields}` : ""}\n`;
+}
