@@ -64,6 +64,23 @@ export function validateCertificate(name: string, pem: string): string {
   return `${blocks.join("\n")}\n`;
 }
 
+/** One line per certificate: subject, expiry, SHA-256 fingerprint (for plans). */
+export function describeCertificates(pem: string): string {
+  const blocks = pem.match(/-----BEGIN CERTIFICATE-----[\s\S]*?-----END CERTIFICATE-----/g) ?? [];
+  if (blocks.length === 0) return "(no certificate)";
+  return blocks
+    .map((b) => {
+      try {
+        const x = new X509Certificate(b);
+        const fp = x.fingerprint256.replace(/:/g, "").toLowerCase().slice(0, 16);
+        return `${x.subject.replace(/\n/g, ", ")} (expires ${new Date(x.validTo).toISOString().slice(0, 10)}, sha256 ${fp}…)`;
+      } catch {
+        return "(unparseable certificate)";
+      }
+    })
+    .join("\n");
+}
+
 /** The refresh argv for this host: against a sandbox tree where the tool supports it. */
 export function refreshArgv(host: Host): string[] | undefined {
   const store = TRUST_STORES[host.os.family];
@@ -103,8 +120,14 @@ async function plan(spec: CACertificatesSpec, host: Host): Promise<Change[]> {
       content: validateCertificate(c.name, c.pem),
       mode: 0o644,
     });
-    if (change) changes.push(change);
-    else if (store.installedMark && !(await host.exists(store.installedMark(file)))) stale = true;
+    if (change) {
+      // A base64 diff tells a reader nothing: say which certificates, before and after.
+      if (change.diff) {
+        const before = change.action === "update" ? describeCertificates((await host.readText(change.path)) ?? "") : "";
+        change.diff = `${before ? `- ${before.split("\n").join("\n- ")}\n` : ""}+ ${describeCertificates(String(change.content)).split("\n").join("\n+ ")}`;
+      }
+      changes.push(change);
+    } else if (store.installedMark && !(await host.exists(store.installedMark(file)))) stale = true;
   }
   for (const name of await host.listDir(store.anchors)) {
     if (!name.startsWith(PREFIX) || wanted.has(name)) continue;

@@ -165,3 +165,14 @@ t.test("a file that is not a certificate is refused with a clear error, before a
   );
   t.equal(await treeHash(env.root), before);
 });
+
+t.test("plans name certificates by subject, expiry and fingerprint rather than a base64 diff", async (t) => {
+  const env = await stepEnv(t);
+  const first = await converge(env, { certificates: [{ name: "registry", pem: pemA }] });
+  t.match((first[0] as { diff: string }).diff, /^\+ CN=Test CA A \(expires \d{4}-\d\d-\d\d, sha256 [0-9a-f]{16}…\)$/);
+  const spec = { certificates: [{ name: "registry", pem: pemB }] };
+  const changes = await step.plan(spec, env.host, env.ctx(bundleStep(spec)));
+  t.equal(changes[0]?.summary, `update /usr/local/share/ca-certificates/${PREFIX}registry.crt: content`);
+  t.match((changes[0] as { diff: string }).diff, /^- CN=Test CA A .*\n\+ CN=Test CA B /);
+  t.notMatch((changes[0] as { diff: string }).diff, /BEGIN CERTIFICATE/);
+});
