@@ -17,7 +17,11 @@ function redact(value: unknown, depth = 0): unknown {
   return out;
 }
 
-export function createLightLogger(opts: { format: "json" | "pretty"; level: string; bindings?: Record<string, unknown> }): Logger {
+export function createLightLogger(opts: {
+  format: "json" | "pretty";
+  level: string;
+  bindings?: Record<string, unknown>;
+}): Logger {
   const min = LEVELS[opts.level as Level] ?? LEVELS.info;
   const write = (level: Level, a: unknown, b?: unknown) => {
     if (LEVELS[level] < min) return;

@@ -2,8 +2,24 @@ import { EXIT, type Command } from "../cli/command.ts";
 import { Host } from "../host/host.ts";
 import { readAppliedChecksum, readStatus, type Status } from "../converge/state.ts";
 import { osProfile } from "../converge/converge.ts";
+import { PATHS } from "../converge/paths.ts";
 
-function formatStatus(s: Status, applied: string | undefined): string {
+interface DaemonState {
+  pid: number;
+  nextTickAt: string;
+}
+
+async function daemonState(host: Host): Promise<DaemonState | undefined> {
+  try {
+    const d = JSON.parse((await host.readText(PATHS.daemon)) ?? "") as DaemonState;
+    process.kill(d.pid, 0);
+    return d;
+  } catch {
+    return undefined; // no daemon running
+  }
+}
+
+function formatStatus(s: Status, applied: string | undefined, daemon: DaemonState | undefined): string {
   const l: string[] = [];
   l.push(`applied checksum: ${applied ?? "(none: the next run applies everything)"}`);
   if (s.appliedAt) l.push(`applied at:       ${s.appliedAt}`);
@@ -18,7 +34,11 @@ function formatStatus(s: Status, applied: string | undefined): string {
     l.push("last run:         never");
   }
   if (s.fetchError) l.push(`fetch problem:    ${s.fetchError.message} (at ${s.fetchError.at})`);
-  if (s.nextRunAt) l.push(`next run:         ${s.nextRunAt}`);
+  l.push(
+    daemon
+      ? `next check:       ${daemon.nextTickAt} (daemon pid ${daemon.pid}; bundle changes apply at once)`
+      : "next check:       no daemon running (bashible run)",
+  );
   if (s.steps.length) {
     l.push("", "steps:");
     for (const st of s.steps) {
@@ -53,9 +73,11 @@ Options:
         packageManager: "apt" as const,
       })),
     );
-    const [s, applied] = await Promise.all([readStatus(host), readAppliedChecksum(host)]);
+    const [s, applied, daemon] = await Promise.all([readStatus(host), readAppliedChecksum(host), daemonState(host)]);
     stdout(
-      values.json ? `${JSON.stringify({ ...s, configurationChecksum: applied }, null, 2)}\n` : formatStatus(s, applied),
+      values.json
+        ? `${JSON.stringify({ ...s, configurationChecksum: applied, daemon }, null, 2)}\n`
+        : formatStatus(s, applied, daemon),
     );
     const ok = !s.lastRun || s.lastRun.outcome === "applied" || s.lastRun.outcome === "in-sync";
     return ok ? EXIT.ok : EXIT.error;

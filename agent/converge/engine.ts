@@ -2,6 +2,7 @@
 // moment and applied; a failure is retried with a fixed interval (bashible: every 2 s, 10
 // times) and then stops the run. Per-step logs go to /var/log/d8/bashible/step.<name>.log.
 import type { Host } from "../host/host.ts";
+import { sleep } from "../sleep.ts";
 import type { BundleStep, NodeGroupBundle } from "../../bundles/types.ts";
 import type { Change, StepContext } from "../../steps/types.ts";
 import { loadStep } from "../../steps/index.ts";
@@ -58,12 +59,6 @@ export interface ApplyResult {
   steps: StepStatus[];
   failed?: { name: string; error: string };
 }
-
-const sleep = (ms: number, signal?: AbortSignal) =>
-  new Promise<void>((resolve) => {
-    const t = setTimeout(resolve, ms);
-    signal?.addEventListener("abort", () => (clearTimeout(t), resolve()), { once: true });
-  });
 
 /** Applies the steps in order; stops at the first step that still fails after its retries. */
 export async function applySteps(

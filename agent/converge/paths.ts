@@ -14,6 +14,8 @@ export const PATHS = {
   scripts: `${STATE_DIR}/scripts`,
   flags: `${STATE_DIR}/flags`,
   lock: "/var/lock/bashible",
+  /** The daemon's pid and schedule, for `bashible status` (tmpfs on a node). */
+  daemon: "/run/bashible/daemon.json",
   logDir: "/var/log/d8/bashible",
   kubeletKubeconfig: "/etc/kubernetes/kubelet.conf",
   kubeletClientPem: "/var/lib/kubelet/pki/kubelet-client-current.pem",

@@ -37,7 +37,6 @@ export interface Status {
   steps: StepStatus[];
   /** The last fetch problem (server down, wrong CA, rejected bundle), cleared by a good fetch. */
   fetchError?: { at: string; message: string };
-  nextRunAt?: string;
 }
 
 const EMPTY: Status = { failureCount: 0, steps: [] };

@@ -4,9 +4,10 @@
 // child and leaves with it, so the daemon's memory stays close to a bare Node process.
 import { spawn, type ChildProcess } from "node:child_process";
 import { watch as fsWatch, type FSWatcher } from "node:fs";
-import { readFile } from "node:fs/promises";
+import { mkdir, readFile, writeFile } from "node:fs/promises";
 import path from "node:path";
 import type { Logger } from "../log.ts";
+import { sleep } from "../sleep.ts";
 import type { KubeClient } from "../kube/client.ts";
 import type { KubeObject } from "../kube/api.ts";
 import { isGone } from "../kube/errors.ts";
@@ -103,6 +104,15 @@ export class Daemon {
     clearTimeout(this.timer);
     if (this.abort.signal.aborted) return;
     this.timer = setTimeout(() => void this.tick("minute tick"), this.o.tickMs);
+    const state = {
+      pid: process.pid,
+      nextTickAt: new Date(Date.now() + this.o.tickMs).toISOString(),
+      group: this.group,
+    };
+    const file = rootPath(this.o.root, PATHS.daemon);
+    void mkdir(path.dirname(file), { recursive: true })
+      .then(() => writeFile(file, `${JSON.stringify(state)}\n`))
+      .catch(() => undefined);
   }
 
   /** The safety net: one conditional request, then the gate. */
@@ -264,11 +274,4 @@ function checksumOf(raw: Buffer): string | undefined {
   } catch {
     return undefined; // not JSON: the converge child rejects it and says why
   }
-}
-
-function sleep(ms: number, signal: AbortSignal): Promise<void> {
-  return new Promise((resolve) => {
-    const t = setTimeout(resolve, ms);
-    signal.addEventListener("abort", () => (clearTimeout(t), resolve()), { once: true });
-  });
 }

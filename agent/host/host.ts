@@ -245,7 +245,7 @@ export class Host {
           stderr: Buffer.concat(err).toString("utf8") + (signal ? `\nkilled by ${signal}` : ""),
         };
         if (opts.logFile) {
-          await appendFile(this.path(opts.logFile), `$ ${argv.join(" ")}\n${result.stdout}${result.stderr}`).catch(
+          await this.appendFile(opts.logFile, `$ ${argv.join(" ")}\n${result.stdout}${result.stderr}`).catch(
             () => undefined,
           );
         }

@@ -11,7 +11,9 @@ import { parseArgs } from "node:util";
 import { buildDist, nodeBinary } from "../build.ts";
 import { makeBundle, sandbox, script, writeBundle } from "../../test/fixtures/bundle.ts";
 
-const { values } = parseArgs({ options: { seconds: { type: "string", default: "20" }, rounds: { type: "string", default: "5" } } });
+const { values } = parseArgs({
+  options: { seconds: { type: "string", default: "20" }, rounds: { type: "string", default: "5" } },
+});
 const seconds = Number(values.seconds);
 const rounds = Number(values.rounds);
 const work = await mkdtemp(path.join(os.tmpdir(), "bench-build-"));
@@ -43,16 +45,25 @@ await build({
   keepNames: true,
   logLevel: "error",
 });
-await writeFile(`${sea}.json`, JSON.stringify({ main: `${sea}.cjs`, output: `${sea}.blob`, disableExperimentalSEAWarning: true }));
+await writeFile(
+  `${sea}.json`,
+  JSON.stringify({ main: `${sea}.cjs`, output: `${sea}.blob`, disableExperimentalSEAWarning: true }),
+);
 execFileSync(nodeBinary(), ["--experimental-sea-config", `${sea}.json`], { stdio: "ignore" });
 await copyFile(nodeBinary(), sea);
 execFileSync("strip", [sea]);
-execFileSync(path.join(REPO, "node_modules/.bin/postject"), [sea, "NODE_SEA_BLOB", `${sea}.blob`, "--sentinel-fuse", "NODE_SEA_FUSE_fce680ab2cc467b6e072b8b5df1996b2"], { stdio: "ignore" });
+execFileSync(
+  path.join(REPO, "node_modules/.bin/postject"),
+  [sea, "NODE_SEA_BLOB", `${sea}.blob`, "--sentinel-fuse", "NODE_SEA_FUSE_fce680ab2cc467b6e072b8b5df1996b2"],
+  { stdio: "ignore" },
+);
 
 // An already converged sandbox, so the idle daemon has nothing to start.
 const root = await sandbox();
 const bundleFile = await writeBundle(work, makeBundle([script("050_x", "true")]));
-const once = spawnSync(path.join(dist, "bashible"), ["once", "--root", root, "--bundle", bundleFile], { encoding: "utf8" });
+const once = spawnSync(path.join(dist, "bashible"), ["once", "--root", root, "--bundle", bundleFile], {
+  encoding: "utf8",
+});
 if (once.status !== 0) throw new Error(`converge before measuring failed: ${once.stdout}${once.stderr}`);
 
 const runArgs = ["run", "--root", root, "--bundle", bundleFile, "--tick", "3600"];
@@ -69,7 +80,10 @@ async function rssKb(pid: number): Promise<number> {
 
 const samples: Record<string, number[]> = Object.fromEntries(Object.keys(variants).map((k) => [k, []]));
 for (let r = 0; r < rounds; r++) {
-  const procs = Object.entries(variants).map(([name, [cmd, ...args]]) => ({ name, p: spawn(cmd as string, args, { stdio: "ignore" }) }));
+  const procs = Object.entries(variants).map(([name, [cmd, ...args]]) => ({
+    name,
+    p: spawn(cmd as string, args, { stdio: "ignore" }),
+  }));
   await new Promise((res) => setTimeout(res, seconds * 1000));
   for (const { name, p } of procs) {
     samples[name]?.push(await rssKb(p.pid as number));
@@ -81,10 +95,14 @@ const mb = (kb: number) => (kb / 1024).toFixed(1);
 const bare = median(samples["bare node 24"] ?? []);
 console.log(`idle RSS after ${seconds} s, median of ${rounds} side-by-side rounds:`);
 for (const [name, xs] of Object.entries(samples)) {
-  console.log(`  ${name.padEnd(20)} ${mb(median(xs)).padStart(6)} MB  (${(median(xs) / bare).toFixed(2)}x bare; samples ${xs.map(mb).join(", ")})`);
+  console.log(
+    `  ${name.padEnd(20)} ${mb(median(xs)).padStart(6)} MB  (${(median(xs) / bare).toFixed(2)}x bare; samples ${xs.map(mb).join(", ")})`,
+  );
 }
 console.log("size:");
-console.log(`  dist/ (launcher + runtime + bundle)  ${(await dirSize(dist) / 1e6).toFixed(1)} MB (bundle ${(await dirSize(path.join(dist, "bashible.d/app")) / 1e3).toFixed(0)} kB)`);
+console.log(
+  `  dist/ (launcher + runtime + bundle)  ${((await dirSize(dist)) / 1e6).toFixed(1)} MB (bundle ${((await dirSize(path.join(dist, "bashible.d/app"))) / 1e3).toFixed(0)} kB)`,
+);
 console.log(`  SEA single executable               ${((await stat(sea)).size / 1e6).toFixed(1)} MB`);
 console.log(`  unstripped node binary              ${((await stat(nodeBinary())).size / 1e6).toFixed(1)} MB`);
 await rm(work, { recursive: true, force: true });

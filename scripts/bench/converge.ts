@@ -109,7 +109,9 @@ const report: string[] = [];
     await d.waitLine(finished, t0);
   }
   d.proc.kill("SIGTERM");
-  report.push(`change latency, local mode (bundle file replaced → converge starts), ${SAMPLES} samples: p50 ${ms(pct(lat, 50))}, p99 ${ms(pct(lat, 99))}, max ${ms(Math.max(...lat))}`);
+  report.push(
+    `change latency, local mode (bundle file replaced → converge starts), ${SAMPLES} samples: p50 ${ms(pct(lat, 50))}, p99 ${ms(pct(lat, 99))}, max ${ms(Math.max(...lat))}`,
+  );
   console.log(report.at(-1));
 }
 
@@ -132,7 +134,10 @@ if (!values["skip-api"]) {
   const key = Object.keys(ctxSecret.data as object)[0] as string;
   const ctx = JSON.parse(Buffer.from((ctxSecret.data as Record<string, string>)[key] as string, "base64").toString());
   ctx.packages = {};
-  await api.updateSecret(cp.admin, { ...ctxSecret, data: { [key]: Buffer.from(JSON.stringify(ctx)).toString("base64") } });
+  await api.updateSecret(cp.admin, {
+    ...ctxSecret,
+    data: { [key]: Buffer.from(JSON.stringify(ctx)).toString("base64") },
+  });
   const ngc = (i: number) => ({
     apiVersion: "deckhouse.io/v1alpha1",
     kind: "NodeGroupConfiguration",
@@ -141,7 +146,11 @@ if (!values["skip-api"]) {
   });
   await reg.apply(ngc(0));
   await cp.admin.request("POST", "/api/v1/nodes", {
-    body: { apiVersion: "v1", kind: "Node", metadata: { name: "bench-1", labels: { "node.deckhouse.io/group": "worker" } } },
+    body: {
+      apiVersion: "v1",
+      kind: "Node",
+      metadata: { name: "bench-1", labels: { "node.deckhouse.io/group": "worker" } },
+    },
   });
   const id = await cp.mintNode("bench-1");
   // Every byte between the daemon and the API server goes through this relay.
@@ -158,7 +167,10 @@ if (!values["skip-api"]) {
   await new Promise<void>((r) => relay.listen(0, "127.0.0.1", r));
   const relayPort = (relay.address() as { port: number }).port;
   const kubeconfig = await cp.writeKubeconfig(path.join(work, "node.kubeconfig"), { cert: id.cert, key: id.key });
-  await writeFile(kubeconfig, (await readFile(kubeconfig, "utf8")).replace(cp.server, `https://127.0.0.1:${relayPort}`));
+  await writeFile(
+    kubeconfig,
+    (await readFile(kubeconfig, "utf8")).replace(cp.server, `https://127.0.0.1:${relayPort}`),
+  );
   const root = await sandbox("ID=debian\nVERSION_ID=12\n", "bench-1");
   await mkdir(path.join(root, "var/lib/bashible"), { recursive: true });
   await writeFile(path.join(root, "var/lib/bashible/first_run"), "");
@@ -174,7 +186,9 @@ if (!values["skip-api"]) {
         })) {
           const a = ev.object.metadata.annotations ?? {};
           if ("update.node.deckhouse.io/waiting-for-approval" in a && !("update.node.deckhouse.io/approved" in a)) {
-            await api.patchNode(cp.admin, "bench-1", { metadata: { annotations: { "update.node.deckhouse.io/approved": "" } } });
+            await api.patchNode(cp.admin, "bench-1", {
+              metadata: { annotations: { "update.node.deckhouse.io/approved": "" } },
+            });
           }
         }
       } catch {
@@ -185,10 +199,13 @@ if (!values["skip-api"]) {
   // The moment the server publishes: our own watch on the bundle sees the new checksum.
   let published: { sum: string; t: number } | undefined;
   void (async () => {
-    for await (const ev of cp.admin.watch<{ checksum: string }>("/apis/bashible.deckhouse.io/v1alpha1/nodegroupbundles", {
-      fieldSelector: "metadata.name=worker",
-      signal: approver.signal,
-    })) {
+    for await (const ev of cp.admin.watch<{ checksum: string }>(
+      "/apis/bashible.deckhouse.io/v1alpha1/nodegroupbundles",
+      {
+        fieldSelector: "metadata.name=worker",
+        signal: approver.signal,
+      },
+    )) {
       published = { sum: ev.object.checksum, t: Date.now() };
     }
   })().catch(() => undefined);

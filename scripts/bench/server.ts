@@ -303,6 +303,7 @@ async function main(): Promise<void> {
       window: { type: "string" },
       rounds: { type: "string" },
       transport: { type: "string" },
+      from: { type: "string" },
     },
   });
   const nodes = Number(values.nodes ?? 10_000);
@@ -310,6 +311,10 @@ async function main(): Promise<void> {
   const rounds = Number(values.rounds ?? 2);
   const transport = (values.transport ?? "h2") as "h2" | "direct";
   if (transport !== "h2" && transport !== "direct") throw new Error("--transport is h2 or direct");
+  // bundle (default): the esbuild bundle `npm run build` ships, as production runs it;
+  // source: agent/main.ts through Node's type stripping (~17 MB more resident).
+  const from = values.from ?? "bundle";
+  if (from !== "bundle" && from !== "source") throw new Error("--from is bundle or source");
   const { createCA, issueCert } = await import("../lib/pki.ts");
   const tmp = await mkdtemp(path.join(os.tmpdir(), "bashible-bench-server-"));
   const children: ChildProcess[] = [];
@@ -331,6 +336,12 @@ async function main(): Promise<void> {
     const fpCA = await createCA(tmp, "front-proxy-ca");
     const fp = await issueCert(tmp, "front-proxy-client", fpCA, { cn: "front-proxy-client", client: true });
 
+    let entry = path.join(REPO, "agent/main.ts");
+    if (from === "bundle") {
+      const { bundleAgent } = await import("../build.ts");
+      await bundleAgent(path.join(tmp, "app"));
+      entry = path.join(tmp, "app/main.mjs");
+    }
     const { freePort } = await import("../lib/control-plane.ts");
     const port = await freePort();
     const server = spawn(
@@ -358,7 +369,10 @@ async function main(): Promise<void> {
         "--log-format",
         "json",
       ],
-      { stdio: ["ignore", "inherit", "inherit"] },
+      {
+        stdio: ["ignore", "inherit", "inherit"],
+        env: { ...process.env, BASHIBLE_TEMPLATES_DIR: path.join(REPO, "bundles/templates") },
+      },
     );
     children.push(server);
     const ca0 = await readFile(ca.cert, "utf8");
@@ -377,7 +391,7 @@ async function main(): Promise<void> {
     }
     const idle = procStats(server.pid!);
     console.log(
-      `server ready: pid ${server.pid}, RSS ${idle.rssMB.toFixed(0)} MB idle, ${nodes} nodes, transport ${transport}, poll window ${windowMs / 1000} s x ${rounds}`,
+      `server ready: pid ${server.pid}, RSS ${idle.rssMB.toFixed(0)} MB idle, ${nodes} nodes, transport ${transport}, server from ${from}, poll window ${windowMs / 1000} s x ${rounds}`,
     );
 
     const workers = [0, 1].map(() =>
@@ -443,6 +457,9 @@ async function main(): Promise<void> {
     );
     const pollEnd = procStats(server.pid!);
     mem = await metrics();
+    console.log(
+      `  server memory after polling: RSS ${pollEnd.rssMB.toFixed(0)} MB, heap ${gauge("nodejs_heap_used_bytes").toFixed(0)} MB, external ${gauge("nodejs_external_memory_bytes").toFixed(0)} MB`,
+    );
     console.log(
       `  server event-loop delay since start: p99 ${(metric("nodejs_eventloop_delay_p99_seconds") * 1000).toFixed(1)} ms, max ${(metric("nodejs_eventloop_delay_max_seconds") * 1000).toFixed(1)} ms`,
     );
