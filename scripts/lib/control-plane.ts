@@ -203,7 +203,10 @@ export async function startControlPlane(opts: StartOptions = {}): Promise<Contro
           "--requestheader-extra-headers-prefix=X-Remote-Extra-",
           `--proxy-client-cert-file=${frontProxyClient.cert}`,
           `--proxy-client-key-file=${frontProxyClient.key}`,
-          "--enable-aggregator-routing=true",
+          // Route aggregated APIs through the Service (not its Endpoints): on loopback the
+          // bundle server is reached through an ExternalName Service "localhost", which
+          // endpoint routing refuses (and Endpoints refuse loopback IPs).
+          "--enable-aggregator-routing=false",
           "--v=1",
           ...(opts.extraApiserverArgs ?? []),
         ],

@@ -26,9 +26,13 @@ async function node(name: string) {
 const annotations = async (name: string) => (await api.getNode(admin, name)).metadata.annotations ?? {};
 
 async function events(name: string): Promise<{ reason: string; message: string; type: string }[]> {
-  const list = await api.list<{ reason: string; message: string; type: string }>(admin, "/api/v1/namespaces/default/events", {
-    fieldSelector: `involvedObject.name=${name}`,
-  });
+  const list = await api.list<{ reason: string; message: string; type: string }>(
+    admin,
+    "/api/v1/namespaces/default/events",
+    {
+      fieldSelector: `involvedObject.name=${name}`,
+    },
+  );
   return list.items;
 }
 
@@ -46,16 +50,32 @@ t.test("a successful run annotates the checksum and records start/finish Events"
   t.ok(ev.some((e) => e.reason === "BashibleNodeUpdate" && /finished; changed: 050_hello/.test(e.message)));
 
   // Someone removes the annotation: an in-sync run puts it back without running steps.
-  await api.patchNode(admin, n.name, { metadata: { annotations: { "node.deckhouse.io/configuration-checksum": null } } });
+  await api.patchNode(admin, n.name, {
+    metadata: { annotations: { "node.deckhouse.io/configuration-checksum": null } },
+  });
   t.equal((await bashible(["once", "--root", n.root, "--bundle", file, "--kubeconfig", n.kubeconfig])).status, 0);
   t.equal((await annotations(n.name))["node.deckhouse.io/configuration-checksum"], b.checksum, "re-asserted");
 });
 
 t.test("a failed step sends BashibleStepFailed with the log tail, secrets redacted", async (t) => {
   const n = await node("conv-2");
-  const b = makeBundle([script("060_broken", `echo "using proxy-token-not-for-logs"; echo "disk on fire" >&2; exit 1`)]);
+  const b = makeBundle([
+    script("060_broken", `echo "using proxy-token-not-for-logs"; echo "disk on fire" >&2; exit 1`),
+  ]);
   const file = await writeBundle(n.root, b, `../b-${n.name}.json`);
-  const r = await bashible(["once", "--root", n.root, "--bundle", file, "--kubeconfig", n.kubeconfig, "--retry-interval", "0", "--max-retries", "2"]);
+  const r = await bashible([
+    "once",
+    "--root",
+    n.root,
+    "--bundle",
+    file,
+    "--kubeconfig",
+    n.kubeconfig,
+    "--retry-interval",
+    "0",
+    "--max-retries",
+    "2",
+  ]);
   t.equal(r.status, 1);
   const failed = (await events(n.name)).find((e) => e.reason === "BashibleStepFailed");
   t.ok(failed, "event recorded");
@@ -89,7 +109,17 @@ t.test("a later run with changes waits for update approval; the first run does n
   t.notOk("update.node.deckhouse.io/approved" in a);
 
   const unapproved = await writeBundle(n.root, makeBundle([step("three")]), `../b-${n.name}.json`);
-  const timedOut = await bashible(["once", "--root", n.root, "--bundle", unapproved, "--kubeconfig", n.kubeconfig, "--approval-timeout", "1"]);
+  const timedOut = await bashible([
+    "once",
+    "--root",
+    n.root,
+    "--bundle",
+    unapproved,
+    "--kubeconfig",
+    n.kubeconfig,
+    "--approval-timeout",
+    "1",
+  ]);
   t.equal(timedOut.status, 1, "not approved in time: not applied");
   t.equal(await readFile(path.join(n.root, "hello"), "utf8"), "two\n");
   const st = JSON.parse((await bashible(["status", "--root", n.root, "--json"])).stdout);
@@ -105,7 +135,17 @@ t.test("the reboot annotation forces a run, then a (sandboxed) reboot, and is cl
   });
   await rm(path.join(n.root, "hello"));
   await rm(path.join(n.root, "var/lib/bashible/scripts"), { recursive: true });
-  const r = await bashible(["once", "--root", n.root, "--bundle", file, "--kubeconfig", n.kubeconfig, "--log-format", "json"]);
+  const r = await bashible([
+    "once",
+    "--root",
+    n.root,
+    "--bundle",
+    file,
+    "--kubeconfig",
+    n.kubeconfig,
+    "--log-format",
+    "json",
+  ]);
   t.equal(r.status, 0, r.stdout);
   t.match(r.stdout, /update\.node\.deckhouse\.io\/reboot/);
   const actions = await readFile(path.join(n.root, "var/lib/bashible/sandbox-actions.log"), "utf8");
