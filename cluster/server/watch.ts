@@ -46,6 +46,8 @@ interface Watcher {
   res: ServerResponse;
   lastRv: number;
   firstTableSent: boolean;
+  /** When the server ends this watch (ms since the epoch). */
+  endsAt: number;
 }
 
 export class WatchHub {
@@ -53,6 +55,7 @@ export class WatchHub {
   private readonly watchers = new Set<Watcher>();
   private readonly unsubscribe: (() => void)[];
   private readonly bookmarkTimer: NodeJS.Timeout;
+  private readonly sweepTimer: NodeJS.Timeout;
   private readonly onCount: (n: number) => void;
 
   constructor(store: BundleStore, onCount: (n: number) => void = () => {}) {
@@ -63,6 +66,9 @@ export class WatchHub {
     );
     this.bookmarkTimer = setInterval(() => this.bookmark(), BOOKMARK_EVERY_MS);
     this.bookmarkTimer.unref();
+    // One sweeper instead of a timer per watch: 10,000 watches, 10,000 fewer live objects.
+    this.sweepTimer = setInterval(() => this.sweep(), 1000);
+    this.sweepTimer.unref();
   }
 
   get count(): number {
@@ -77,7 +83,7 @@ export class WatchHub {
     // HTTP/1.1 chunks the body by itself; HTTP/2 has no Transfer-Encoding. Send headers now so
     // the client knows the watch is established before the first event.
     if (typeof res.flushHeaders === "function") res.flushHeaders();
-    const w: Watcher = { req, res, lastRv: 0, firstTableSent: false };
+    const w: Watcher = { req, res, lastRv: 0, firstTableSent: false, endsAt: Date.now() + req.timeoutSeconds * 1000 };
     const since = req.resourceVersion && req.resourceVersion !== "0" ? Number(req.resourceVersion) : undefined;
     const visible = (e: Entry) => (!req.name || e.group === req.name) && req.allowed(e.group);
     for (const e of this.store.list(req.resource).filter(visible)) {
@@ -88,9 +94,7 @@ export class WatchHub {
       for (const e of this.store.deletedSince(req.resource, since).filter(visible)) this.send(w, "DELETED", e);
     this.watchers.add(w);
     this.onCount(this.watchers.size);
-    const timer = setTimeout(() => res.end(), req.timeoutSeconds * 1000);
     const close = () => {
-      clearTimeout(timer);
       if (this.watchers.delete(w)) this.onCount(this.watchers.size);
     };
     res.once("close", close);
@@ -146,8 +150,14 @@ export class WatchHub {
     }
   }
 
+  private sweep(): void {
+    const now = Date.now();
+    for (const w of this.watchers) if (w.endsAt <= now) w.res.end();
+  }
+
   close(): void {
     clearInterval(this.bookmarkTimer);
+    clearInterval(this.sweepTimer);
     for (const u of this.unsubscribe) u();
     for (const w of this.watchers) w.res.end();
     this.watchers.clear();

@@ -10,6 +10,7 @@ import { loadKubeconfig } from "../../agent/kube/kubeconfig.ts";
 import { KubeStatusError } from "../../agent/kube/errors.ts";
 import { getSecret, list } from "../../agent/kube/api.ts";
 import { ensureGroupToken, TOKEN_TTL_MS } from "../../cluster/bootstrap-secrets.ts";
+import { writeChecksums } from "../../cluster/checksums.ts";
 
 // Service routing (not endpoint routing): the aggregator then resolves an ExternalName Service
 // to its name, which is how it reaches a server on loopback (Endpoints refuse loopback IPs).
@@ -260,4 +261,38 @@ t.test("a group token is reused while 3 h remain and replaced after", async (t) 
 t.test("the aggregator reaches the server over HTTP/2 (watches multiplex on few connections)", async (t) => {
   const text = app.metrics.text();
   t.match(text, /bashible_server_requests_total\{code="200",http="2",resource="nodegroupbundles",verb="watch"\} \d+/);
+});
+
+t.test("concurrent checksum writers all succeed (conflicts are retried)", async (t) => {
+  const ns = "checksum-race";
+  await cp.kubectl(["create", "namespace", ns]);
+  const maps = Array.from({ length: 6 }, (_, i) => new Map([["g", `c${i}`]]));
+  const results = await Promise.all(maps.map((m) => writeChecksums(cp.admin, m, { namespace: ns })));
+  t.ok(results.some(Boolean), "someone wrote");
+  const s = await getSecret(cp.admin, ns, "configuration-checksums");
+  t.match(Buffer.from((s.data as Record<string, string>).g!, "base64").toString(), /^c[0-5]$/);
+});
+
+t.test("deleting a NodeGroup removes its bundle, its checksum, and tells watchers", async (t) => {
+  const abort = new AbortController();
+  const events: string[] = [];
+  const watching = (async () => {
+    for await (const ev of cp.admin.watch<{ metadata: { name: string } }>(`${API}/nodegroupbundles`, {
+      fieldSelector: "metadata.name=frontend",
+      signal: abort.signal,
+    })) {
+      events.push(ev.type);
+    }
+  })();
+  await until("watch started", async () => events.length > 0);
+  await cp.kubectl(["delete", "nodegroup", "frontend"]);
+  await until("DELETED event", async () => events.includes("DELETED"));
+  abort.abort();
+  await watching;
+  t.equal((await cp.admin.raw("GET", `${API}/nodegroupbundles/frontend`)).status, 404);
+  t.equal(
+    await until("Secret without frontend", async () => ((await secretChecksum("frontend")) ? undefined : "gone")),
+    "gone",
+  );
+  t.ok(await secretChecksum("worker"), "other groups stay");
 });
