@@ -72,6 +72,8 @@ t.test("kubectl gets the three resources through the API server", async (t) => {
   const bashibles = await cp.kubectl(["get", "bashibles", "worker"]);
   t.match(bashibles, /NAME\s+CHECKSUM/);
   t.match(bashibles, /worker\s+[0-9a-f]{16}/);
+  const listed = await cp.kubectl(["get", "nodegroupbundles"]);
+  t.match(listed, /NAME\s+CHECKSUM\s+STEPS\n(?:.*\n)*worker\s+[0-9a-f]{16}\s+5\n/, "server-side columns");
   const bootstrap = await cp.kubectl(["get", "bootstrap", "worker", "-o", "jsonpath={.bootstrap}"]);
   t.match(bootstrap, /^#!\/bin\/bash/);
 });
@@ -107,6 +109,18 @@ t.test("a node reads its own group's bundle and is refused another group's", asy
     for await (const _ of node.watch(`${API}/nodegroupbundles`, { fieldSelector: "metadata.name=frontend" })) break;
   })().catch((e) => e);
   t.equal(watchErr?.status, 403, "watching another group is refused too");
+});
+
+t.test("a node cannot move itself into another group", async (t) => {
+  const node = await clientFor((await cp.mintNode("worker-1")).kubeconfig);
+  const patch = { metadata: { labels: { "node.deckhouse.io/group": "frontend" } } };
+  const err = await node.request("PATCH", "/api/v1/nodes/worker-1", { body: patch }).catch((e) => e);
+  t.equal(err?.status, 403);
+  t.match(err?.message, /may not change its own node.deckhouse.io\/group label/);
+  const n = await cp.admin.request<{ metadata: { labels: Record<string, string> } }>("GET", "/api/v1/nodes/worker-1");
+  t.equal(n.metadata.labels["node.deckhouse.io/group"], "worker");
+  await node.request("PATCH", "/api/v1/nodes/worker-1", { body: { metadata: { labels: { other: "ok" } } } });
+  t.pass("other labels stay writable");
 });
 
 t.test("a node without a group label, or a non-node user, reads nothing", async (t) => {
@@ -146,6 +160,17 @@ t.test("kubectl get -w sees a NodeGroupConfiguration change within seconds", asy
   t.teardown(() => kubectl.kill());
   let out = "";
   kubectl.stdout.on("data", (d: Buffer) => (out += d.toString()));
+  // The default (server-side Table) output, as a person would run it.
+  const table = spawn(
+    path.join(cp.binDir, "kubectl"),
+    [`--kubeconfig=${cp.adminKubeconfig}`, "get", "nodegroupbundles", "worker", "-w"],
+    {
+      stdio: ["ignore", "pipe", "pipe"],
+    },
+  );
+  t.teardown(() => table.kill());
+  let tableOut = "";
+  table.stdout.on("data", (d: Buffer) => (tableOut += d.toString()));
   const before = served();
   await until("first line", async () => out.includes(before));
   const id = await cp.mintNode("worker-1");
@@ -173,6 +198,12 @@ t.test("kubectl get -w sees a NodeGroupConfiguration change within seconds", asy
   ]);
   const after = await until("new checksum served", async () => (served() !== before ? served() : undefined));
   await until("kubectl printed the new checksum", async () => out.includes(after));
+  await until("kubectl's table printed the new checksum", async () => tableOut.includes(after.slice(0, 16)));
+  t.match(
+    tableOut,
+    /^NAME\s+CHECKSUM\s+STEPS\nworker\s+[0-9a-f]{16}\s+5\nworker\s+[0-9a-f]{16}\s+5\n/,
+    "header once, then rows",
+  );
   await until("the node's watch got it", async () => nodeSaw.includes(`MODIFIED:${after}`));
   t.ok(Date.now() - started < 5000, `change reached watchers in ${Date.now() - started} ms`);
   abort.abort();
