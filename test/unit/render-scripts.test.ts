@@ -56,3 +56,16 @@ t.test("bootstrap.sh embeds the CA and token, and never skips TLS verification",
   t.notMatch(scripts["bootstrap-phase2.sh"]!, /--insecure|-k /);
   t.match(manual["cloud-config"], /path: \/var\/lib\/bashible\/bootstrap-token/);
 });
+
+t.test("phase 2 reads the agent package from the served bashibles JSON without jq", async (t) => {
+  const { serialize } = await import("../../cluster/render/render.ts");
+  const file = path.join(tmp, "bashibles.json");
+  await writeFile(file, serialize(rendered.bashible));
+  const phase2 = scripts["bootstrap-phase2.sh"]!;
+  const fieldFn = phase2.split("\n").find((l) => l.startsWith("field() {"))!;
+  t.ok(fieldFn, "the script defines field()");
+  const probe = `STATE=${tmp}; mv() { :; }\n${fieldFn.replace("$STATE/bashibles.json", file)}\nfor k in agent.package agent.digest agent.repository; do echo "$(field $k)"; done`;
+  const { stdout } = await run("bash", ["-c", probe]);
+  const data = rendered.bashible.data as Record<string, string>;
+  t.same(stdout.trim().split("\n"), [data["agent.package"], data["agent.digest"], data["agent.repository"]]);
+});
