@@ -350,7 +350,7 @@ async function main(): Promise<void> {
         // The flag the production launcher (dist/bashible) passes to every command, unless
         // BENCH_SERVER_NODE_FLAGS says otherwise (for comparing GC settings).
         ...(process.env.BENCH_SERVER_NODE_FLAGS ?? "--max-semi-space-size=1").split(" ").filter(Boolean),
-        path.join(REPO, "agent/main.ts"),
+        entry,
         "server",
         "--config-dir",
         configDir,
