@@ -112,7 +112,9 @@ export async function main(argv: string[]): Promise<number> {
     if (err instanceof UsageError) {
       process.stderr.write(`bashible ${name}: ${err.message}\n`);
     } else {
-      log.error({ err }, `${name} failed: ${(err as Error).message}`);
+      // The message says what and where; the stack is for debugging only.
+      log.debug({ err }, "stack");
+      log.error({ error: (err as Error).name }, `${name} failed: ${(err as Error).message}`);
     }
     return EXIT.error;
   }

@@ -4,15 +4,15 @@ import { mkdir, readFile } from "node:fs/promises";
 import os from "node:os";
 import v8 from "node:v8";
 import path from "node:path";
-import { fileURLToPath } from "node:url";
 import { EXIT, UsageError, type Command } from "../agent/cli/command.ts";
 import { KubeClient } from "../agent/kube/client.ts";
 import { loadKubeconfig, type KubeConnection } from "../agent/kube/kubeconfig.ts";
 import { startBundleServer } from "./app.ts";
 import { NAMESPACE } from "./checksums.ts";
 import { installCrds } from "./crds/install.ts";
+import { asset } from "../agent/assets.ts";
 
-const EXAMPLE_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../examples/cluster");
+const EXAMPLE_DIR = asset("examples/cluster");
 const SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount";
 
 async function inClusterConnection(): Promise<KubeConnection> {

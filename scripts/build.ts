@@ -5,9 +5,11 @@
 //   dist/bashible                 POSIX sh launcher; no PATH lookups, so it runs with PATH empty
 //   dist/bashible.d/node          Node.js runtime, the version in devDependencies
 //   dist/bashible.d/app/*.mjs     the agent, one chunk per command (loaded on demand)
+//   dist/bashible.d/share/        data files: templates, CRDs, the example cluster
 import { build } from "esbuild";
 import { execFileSync } from "node:child_process";
-import { chmod, copyFile, mkdir, rm, writeFile, stat } from "node:fs/promises";
+import { chmod, copyFile, cp, mkdir, rm, writeFile, stat } from "node:fs/promises";
+import { SHIPPED_ASSETS } from "../agent/assets.ts";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -76,6 +78,12 @@ export async function buildDist(dist = path.join(REPO, "dist")): Promise<void> {
   }
   await chmod(runtime, 0o755);
   await writeFile(path.join(dist, "bashible"), LAUNCHER, { mode: 0o755 });
+  for (const rel of SHIPPED_ASSETS) {
+    await cp(path.join(REPO, rel), path.join(SHARE, "share", rel), {
+      recursive: true,
+      filter: (src) => !src.endsWith(".ts"),
+    });
+  }
   const size = (await stat(runtime)).size + (await bundleSize(path.join(SHARE, "app")));
   console.log(
     `${path.relative(process.cwd(), dist) || "."}/bashible: ${(size / 1e6).toFixed(1)} MB (runtime + bundle)`,

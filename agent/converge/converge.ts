@@ -78,6 +78,7 @@ async function openSession(o: ConvergeOptions): Promise<Session> {
   let kube: KubeClient | undefined;
   let node: KubeObject | undefined;
   let clients: KubeClient[] = [];
+  let nodeError: string | undefined;
   if (!o.bundle || o.kubeconfig) {
     clients = await clusterClients(host, {
       kubeconfig: o.kubeconfig,
@@ -96,7 +97,10 @@ async function openSession(o: ConvergeOptions): Promise<Session> {
         if (!kube) kube = c;
       }
     }
-    if (!node) o.log.warn(`Node ${name} not readable: ${errors.join("; ")}`);
+    if (!node) {
+      nodeError = errors.join("; ");
+      o.log.warn(`Node ${name} not readable: ${nodeError}`);
+    }
   }
   let group = o.nodeGroup ?? node?.metadata.labels?.[NODE_KEYS.group];
   let source: BundleSource;
@@ -106,9 +110,10 @@ async function openSession(o: ConvergeOptions): Promise<Session> {
   } else {
     group ??= lastGood?.nodeGroup;
     if (!group) {
-      throw new ConvergeError(
-        `cannot tell this node's group: Node ${name} has no ${NODE_KEYS.group} label and no bundle was applied yet; pass --node-group`,
-      );
+      const why = nodeError
+        ? `Node ${name} could not be read (${nodeError})`
+        : `Node ${name} has no ${NODE_KEYS.group} label`;
+      throw new ConvergeError(`cannot tell this node's group: ${why} and no bundle was applied yet; pass --node-group`);
     }
     source = new ApiBundleSource(kube ? [kube, ...clients.filter((c) => c !== kube)] : clients, group);
   }

@@ -4,6 +4,7 @@
 // a pinned CA; a kubeconfig asking to skip verification is refused, not obeyed.
 import { readFile } from "node:fs/promises";
 import path from "node:path";
+import { parse } from "yaml";
 
 export interface KubeConnection {
   server: string;
@@ -70,7 +71,6 @@ export async function loadKubeconfig(
   } catch (err) {
     throw new KubeconfigError(`cannot read kubeconfig ${fullPath}: ${(err as Error).message}`);
   }
-  const { parse } = await import("yaml");
   let doc: Dict;
   try {
     doc = (parse(text) ?? {}) as Dict;

@@ -2,15 +2,13 @@
 // are shell scripts), and a template error becomes a RenderError naming the template.
 import { readFileSync } from "node:fs";
 import path from "node:path";
-import { fileURLToPath } from "node:url";
+import { asset } from "../../agent/assets.ts";
 import Mustache from "mustache";
 import { RenderError } from "./errors.ts";
 
-// From the source tree by default; a bundled build (dist/) sets BASHIBLE_TEMPLATES_DIR to where
-// the image ships bundles/templates.
-const DIR =
-  process.env.BASHIBLE_TEMPLATES_DIR ??
-  path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../../bundles/templates");
+// From the source tree, or the copy a build ships (agent/assets.ts); BASHIBLE_TEMPLATES_DIR
+// overrides both.
+const DIR = process.env.BASHIBLE_TEMPLATES_DIR ?? asset("bundles/templates");
 const cache = new Map<string, string>();
 
 export function template(name: string): string {

@@ -8,7 +8,7 @@
 //    through a byte-counting TCP relay in front of the API server.
 // 3. Idle RSS after --idle-seconds, side by side with a bare Node 24 process.
 import { spawn, type ChildProcess } from "node:child_process";
-import { mkdtemp, readFile, writeFile, mkdir, rm } from "node:fs/promises";
+import { mkdtemp, readFile, writeFile, rm } from "node:fs/promises";
 import { createServer, connect, type Server } from "node:net";
 import os from "node:os";
 import path from "node:path";
@@ -72,7 +72,10 @@ function startDaemon(args: string[]): Daemon {
       for (;;) {
         const hit = lines.find((l) => l.t >= after && pred(l.rec));
         if (hit) return hit.t;
-        if (Date.now() > deadline) throw new Error("daemon: expected log line did not come");
+        if (Date.now() > deadline) {
+          const tail = lines.slice(-10).map((l) => JSON.stringify(l.rec)).join("\n");
+          throw new Error(`daemon: expected log line did not come; last lines:\n${tail}`);
+        }
         await new Promise((r) => setTimeout(r, 20));
       }
     },
@@ -119,40 +122,16 @@ const report: string[] = [];
 let apiDaemon: Daemon | undefined;
 let cleanup: (() => Promise<void>) | undefined;
 if (!values["skip-api"]) {
-  const { startControlPlane } = await import("../lib/control-plane.ts");
-  const { registerBundleServer } = await import("../../test/fixtures/bundle-server.ts");
+  const { startStack } = await import("../../test/fixtures/stack.ts");
   const api = await import("../../agent/kube/api.ts");
-  const cp = await startControlPlane();
-  const reg = await registerBundleServer(cp, { logFile: path.join(work, "server.log") });
-  cleanup = async () => {
-    await reg.app.stop();
-    await cp.stop();
+  const stack = await startStack({ serverLogFile: path.join(work, "server.log") });
+  const { cp } = stack;
+  cleanup = () => stack.stop();
+  const node = await stack.kubeletNode("bench-1");
+  const id = {
+    cert: path.join(path.dirname(node.kubeconfig), "kubelet-client.crt"),
+    key: path.join(path.dirname(node.kubeconfig), "kubelet-client.key"),
   };
-  // A lean group for the benchmark: no users, no packages (their steps are measured elsewhere).
-  await cp.kubectl(["delete", "nodeuser", "--all"]);
-  const ctxSecret = await api.getSecret(cp.admin, "d8-cloud-instance-manager", "bashible-server-context");
-  const key = Object.keys(ctxSecret.data as object)[0] as string;
-  const ctx = JSON.parse(Buffer.from((ctxSecret.data as Record<string, string>)[key] as string, "base64").toString());
-  ctx.packages = {};
-  await api.updateSecret(cp.admin, {
-    ...ctxSecret,
-    data: { [key]: Buffer.from(JSON.stringify(ctx)).toString("base64") },
-  });
-  const ngc = (i: number) => ({
-    apiVersion: "deckhouse.io/v1alpha1",
-    kind: "NodeGroupConfiguration",
-    metadata: { name: "sysctl-tuning" },
-    spec: { weight: 50, nodeGroups: ["worker"], bundles: ["*"], content: `echo ${i} > "$BASHIBLE_ROOT/hello"\n` },
-  });
-  await reg.apply(ngc(0));
-  await cp.admin.request("POST", "/api/v1/nodes", {
-    body: {
-      apiVersion: "v1",
-      kind: "Node",
-      metadata: { name: "bench-1", labels: { "node.deckhouse.io/group": "worker" } },
-    },
-  });
-  const id = await cp.mintNode("bench-1");
   // Every byte between the daemon and the API server goes through this relay.
   let bytes = 0;
   const upstream = new URL(cp.server);
@@ -171,9 +150,7 @@ if (!values["skip-api"]) {
     kubeconfig,
     (await readFile(kubeconfig, "utf8")).replace(cp.server, `https://127.0.0.1:${relayPort}`),
   );
-  const root = await sandbox("ID=debian\nVERSION_ID=12\n", "bench-1");
-  await mkdir(path.join(root, "var/lib/bashible"), { recursive: true });
-  await writeFile(path.join(root, "var/lib/bashible/first_run"), "");
+  const root = node.root;
   // Approve updates as soon as they are asked for (the approval controller's job).
   const approver = new AbortController();
   void (async () => {
@@ -218,7 +195,7 @@ if (!values["skip-api"]) {
   for (let i = 1; i <= SAMPLES; i++) {
     const before = published?.sum;
     const t0 = Date.now();
-    await reg.apply(ngc(i));
+    await stack.setScript(`v${i}`);
     while (published?.sum === before) await new Promise((r) => setTimeout(r, 5));
     const tPub = published?.t ?? t0;
     const tStart = await d.waitLine(starts, tPub, 30_000);

@@ -52,6 +52,31 @@ t.test("bad usage exits 1 with a hint, not a stack trace", async (t) => {
   t.notMatch(badFlag.stderr, /at .*\.mjs/);
 });
 
+t.test("the bundled agent reads kubeconfigs and reports an unreachable API server by name", async (t) => {
+  const root = await mkdtemp(path.join(os.tmpdir(), "bashible-dist-root-"));
+  t.teardown(() => rm(root, { recursive: true, force: true }));
+  const { mkdir, writeFile } = await import("node:fs/promises");
+  await mkdir(path.join(root, "etc"));
+  await writeFile(path.join(root, "etc/os-release"), "ID=debian\n");
+  const kubeconfig = path.join(root, "kubeconfig");
+  await writeFile(
+    kubeconfig,
+    `apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1", certificate-authority-data: "YWJj"}}]
+users: [{name: u, user: {token: not-a-secret-for-logs}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`,
+  );
+  const r = run("once", "--root", root, "--kubeconfig", kubeconfig);
+  t.equal(r.status, 1);
+  t.match(r.stdout, /connection refused by https:\/\/127\.0\.0\.1:1/);
+  t.match(r.stdout, /pass --node-group/);
+  t.notMatch(r.stdout + r.stderr, /not-a-secret-for-logs/);
+  t.notMatch(r.stdout, /"stack"/, "no stack traces for errors users can act on");
+});
+
 t.test("the launcher refuses clearly when its runtime is missing", async (t) => {
   const lonely = await mkdtemp(path.join(os.tmpdir(), "bashible-lonely-"));
   t.teardown(() => rm(lonely, { recursive: true, force: true }));

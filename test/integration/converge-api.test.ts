@@ -1,0 +1,131 @@
+// The agent fetching its bundle from the real aggregated API (kube-apiserver → bundle server):
+// with the kubelet's identity, with a group-scoped bootstrap token, against a wrong CA or a
+// server that is down, and the daemon reacting to a change published by the server.
+import t from "tap";
+import { mkdir, readFile, writeFile } from "node:fs/promises";
+import path from "node:path";
+import { startStack } from "../fixtures/stack.ts";
+import { bashible, bashibleDaemon, waitFor } from "../fixtures/cli.ts";
+import { sandbox } from "../fixtures/bundle.ts";
+import { freePort } from "../../scripts/lib/control-plane.ts";
+import { createCA } from "../../scripts/lib/pki.ts";
+import * as api from "../../agent/kube/api.ts";
+
+const stack = await startStack();
+t.teardown(() => stack.stop());
+const { cp } = stack;
+const served = () => stack.served("one");
+const kubeletNode = (name: string) => stack.kubeletNode(name);
+
+async function nodeRoot(name: string): Promise<string> {
+  const root = await sandbox("ID=debian\nVERSION_ID=12\n", name);
+  await mkdir(path.join(root, "var/lib/bashible"), { recursive: true });
+  await writeFile(path.join(root, "var/lib/bashible/first_run"), "");
+  return root;
+}
+
+const applied = (root: string) =>
+  readFile(path.join(root, "var/lib/bashible/configuration_checksum"), "utf8").then(
+    (s) => s.trim(),
+    () => "",
+  );
+
+t.test("with the kubelet's identity the agent fetches its group's bundle and applies it", async (t) => {
+  const sum = await served();
+  const n = await kubeletNode("api-1");
+  const r = await bashible(["once", "--root", n.root, "--kubeconfig", n.kubeconfig]);
+  t.equal(r.status, 0, r.stdout + r.stderr);
+  t.equal(await applied(n.root), sum, "the served checksum is the applied one");
+  t.equal(await readFile(path.join(n.root, "hello"), "utf8"), "one\n");
+  t.equal(
+    await readFile(path.join(n.root, "var/cache/registrypackages/bashible/digest"), "utf8").then((s) => s.trim()),
+    stack.agentDigest,
+    "the agent package came through the proxy, verified",
+  );
+  t.ok(await readFile(path.join(n.root, "opt/deckhouse/bin/bashible")), "and its install ran");
+  const p = await bashible(["plan", "--root", n.root, "--kubeconfig", n.kubeconfig]);
+  t.equal(p.status, 0, "in sync");
+  t.match(p.stdout, /nodegroupbundles\/worker/);
+});
+
+t.test("before the kubelet: a bootstrap token of the node's group works, another group's is refused", async (t) => {
+  const sum = await served();
+  const root = await nodeRoot("api-2");
+  const token = await cp.mintBootstrapToken({ extraGroups: ["system:bootstrappers:d8-node-manager:worker"] });
+  await writeFile(path.join(root, "var/lib/bashible/bootstrap-token"), `${token}\n`);
+  await writeFile(path.join(root, "var/lib/bashible/ca.crt"), await readFile(cp.ca.cert));
+  const args = ["once", "--root", root, "--server", cp.server, "--node-name", "api-2", "--node-group", "worker"];
+  const r = await bashible(args);
+  t.equal(r.status, 0, r.stdout + r.stderr);
+  t.equal(await applied(root), sum);
+  t.notMatch(r.stdout + r.stderr, new RegExp(token.split(".")[1] as string), "the token never reaches the log");
+
+  const other = await nodeRoot("api-3");
+  const foreign = await cp.mintBootstrapToken({ extraGroups: ["system:bootstrappers:d8-node-manager:frontend"] });
+  await writeFile(path.join(other, "var/lib/bashible/bootstrap-token"), foreign);
+  await writeFile(path.join(other, "var/lib/bashible/ca.crt"), await readFile(cp.ca.cert));
+  const refused = await bashible([
+    "once",
+    "--root",
+    other,
+    "--server",
+    cp.server,
+    "--node-name",
+    "api-3",
+    "--node-group",
+    "worker",
+  ]);
+  t.equal(refused.status, 1);
+  t.match(refused.stdout + refused.stderr, /403/);
+  t.equal(await applied(other), "", "nothing applied");
+});
+
+t.test("a wrong CA or a server that is down: the last good bundle stays and status says why", async (t) => {
+  const n = await kubeletNode("api-4");
+  t.equal((await bashible(["once", "--root", n.root, "--kubeconfig", n.kubeconfig])).status, 0);
+  const good = await applied(n.root);
+
+  const otherCA = await createCA(path.dirname(n.kubeconfig), "other-ca");
+  const wrongCA = path.join(path.dirname(n.kubeconfig), "wrong-ca.conf");
+  await writeFile(wrongCA, (await readFile(n.kubeconfig, "utf8")).replace(cp.ca.cert, otherCA.cert));
+  const r1 = await bashible(["once", "--root", n.root, "--kubeconfig", wrongCA, "--node-group", "worker"]);
+  t.equal(r1.status, 0, "keeps running the last good bundle");
+  t.match(r1.stdout, /TLS failure/);
+  let st = JSON.parse((await bashible(["status", "--root", n.root, "--json"])).stdout);
+  t.match(st.fetchError.message, /TLS failure/);
+  t.equal(await applied(n.root), good);
+
+  const down = path.join(path.dirname(n.kubeconfig), "down.conf");
+  await writeFile(
+    down,
+    (await readFile(n.kubeconfig, "utf8")).replace(cp.server, `https://127.0.0.1:${await freePort()}`),
+  );
+  const r2 = await bashible(["once", "--root", n.root, "--kubeconfig", down]);
+  t.equal(r2.status, 0);
+  st = JSON.parse((await bashible(["status", "--root", n.root, "--json"])).stdout);
+  t.match(st.fetchError.message, /refused/);
+  t.equal(await applied(n.root), good);
+  const human = await bashible(["status", "--root", n.root]);
+  t.match(human.stdout, /fetch problem: .*refused/);
+});
+
+t.test("the daemon starts applying a change the server publishes within seconds", async (t) => {
+  const n = await kubeletNode("api-5");
+  const d = bashibleDaemon(["--root", n.root, "--kubeconfig", n.kubeconfig, "--tick", "3600"]);
+  t.teardown(() => void d.kill("SIGKILL"));
+  await waitFor("first converge", async () =>
+    (await readFile(path.join(n.root, "hello"), "utf8").catch(() => "")) === "one\n" ? true : undefined,
+  );
+  // Later runs wait for approval: approve as the controller would.
+  await api.patchNode(cp.admin, "api-5", { metadata: { annotations: { "update.node.deckhouse.io/approved": "" } } });
+  await stack.setScript("two");
+  await waitFor(
+    "the change applied",
+    async () => ((await readFile(path.join(n.root, "hello"), "utf8").catch(() => "")) === "two\n" ? true : undefined),
+    15_000,
+  );
+  t.pass("applied after the server published it, without waiting for the minute tick");
+  const exited = new Promise((r) => d.once("exit", r));
+  d.kill("SIGTERM");
+  t.equal(await exited, 0);
+});
