@@ -73,7 +73,10 @@ function startDaemon(args: string[]): Daemon {
         const hit = lines.find((l) => l.t >= after && pred(l.rec));
         if (hit) return hit.t;
         if (Date.now() > deadline) {
-          const tail = lines.slice(-10).map((l) => JSON.stringify(l.rec)).join("\n");
+          const tail = lines
+            .slice(-10)
+            .map((l) => JSON.stringify(l.rec))
+            .join("\n");
           throw new Error(`daemon: expected log line did not come; last lines:\n${tail}`);
         }
         await new Promise((r) => setTimeout(r, 20));

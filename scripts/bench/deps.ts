@@ -23,7 +23,9 @@ const CANDIDATES: Record<string, string> = {
 };
 const work = await mkdtemp(path.join(os.tmpdir(), "bench-deps-"));
 await writeFile(path.join(work, "package.json"), '{"type":"module"}');
-execFileSync("npm", ["install", "--no-audit", "--no-fund", "--prefix", work, ...Object.values(CANDIDATES)], { stdio: "ignore" });
+execFileSync("npm", ["install", "--no-audit", "--no-fund", "--prefix", work, ...Object.values(CANDIDATES)], {
+  stdio: "ignore",
+});
 
 const idle = "setInterval(() => {}, 1 << 30)";
 const variants: Record<string, string> = {
@@ -31,8 +33,9 @@ const variants: Record<string, string> = {
   "node:https (built-in)": `import "node:https"; ${idle}`,
   ...Object.fromEntries(Object.keys(CANDIDATES).map((m) => [m, `import "${m}"; ${idle}`])),
 };
-const rss = async (pid: number) => Number(/VmRSS:\s+(\d+)/.exec(await readFile(`/proc/${pid}/status`, "utf8"))?.[1] ?? 0);
-const samples: Record<string, number[]> = {};
+const rss = async (pid: number) =>
+  Number(/VmRSS:\s+(\d+)/.exec(await readFile(`/proc/${pid}/status`, "utf8"))?.[1] ?? 0);
+const samples: Record<string, number[]> = Object.fromEntries(Object.keys(variants).map((k) => [k, []]));
 for (let r = 0; r < rounds; r++) {
   const procs = Object.entries(variants).map(([name, code]) => ({
     name,
@@ -40,13 +43,15 @@ for (let r = 0; r < rounds; r++) {
   }));
   await new Promise((res) => setTimeout(res, 3000));
   for (const { name, p } of procs) {
-    (samples[name] ??= []).push(await rss(p.pid as number));
+    samples[name]?.push(await rss(p.pid as number));
     p.kill("SIGKILL");
   }
 }
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] ?? 0;
 const bare = median(samples["bare node 24"] ?? []);
-console.log(`idle RSS after import, median of ${rounds} side-by-side rounds (Node ${execFileSync(nodeBinary(), ["--version"]).toString().trim()}):`);
+console.log(
+  `idle RSS after import, median of ${rounds} side-by-side rounds (Node ${execFileSync(nodeBinary(), ["--version"]).toString().trim()}):`,
+);
 for (const [name, xs] of Object.entries(samples)) {
   const m = median(xs);
   console.log(`  ${name.padEnd(24)} ${(m / 1024).toFixed(1).padStart(6)} MB  +${((m - bare) / 1024).toFixed(1)} MB`);
