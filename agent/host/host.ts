@@ -145,44 +145,24 @@ export class Host {
    * directory. A crash leaves either the old or the new file, never a torn one.
    */
   async writeFile(p: string, content: string | Buffer, opts: WriteOptions): Promise<void> {
-    const real = this.path(p);
-    const dir = path.dirname(real);
-    await mkdir(dir, { recursive: true });
-    // A write killed before its rename leaves its temp file behind; the next write of the
-    // same file sweeps it up.
-    const tmpPrefix = `.${path.basename(real)}.bashible-`;
-    for (const name of await readdir(dir)) {
-      if (name.startsWith(tmpPrefix)) await rm(path.join(dir, name), { force: true });
-    }
-    const tmp = path.join(dir, `${tmpPrefix}${randomBytes(4).toString("hex")}`);
-    const fh = await open(tmp, "w", opts.mode);
-    try {
-      await fh.writeFile(content);
-      await fh.chmod(opts.mode);
-      if (opts.uid !== undefined || opts.gid !== undefined) await fh.chown(opts.uid ?? 0, opts.gid ?? 0);
-      await fh.sync();
-    } catch (err) {
-      await fh.close();
-      await rm(tmp, { force: true });
-      throw err;
-    }
-    await fh.close();
-    await rename(tmp, real);
-    await fsyncDir(dir);
+    await this.writeFileStream(p, [typeof content === "string" ? Buffer.from(content) : content], opts);
   }
 
   /**
    * Atomic write from a stream: chunks go to a temp file beside the target; only when the
    * source ends without throwing is the file fsynced and renamed into place. A source that
-   * throws (a network error, a failed checksum check in the caller's generator) or a killed
-   * process leaves the target untouched and no temp file behind (or a stray dot-file at most).
+   * throws (a network error, a failed checksum check in the caller's generator) leaves the
+   * target untouched and no temp file behind; a killed process leaves a dot-file that the next
+   * write of the same file sweeps up.
    */
-  async writeFileStream(p: string, source: AsyncIterable<Uint8Array>, opts: WriteOptions): Promise<void> {
+  async writeFileStream(
+    p: string,
+    source: Iterable<Uint8Array> | AsyncIterable<Uint8Array>,
+    opts: WriteOptions,
+  ): Promise<void> {
     const real = this.path(p);
     const dir = path.dirname(real);
     await mkdir(dir, { recursive: true });
-    // A write killed before its rename leaves its temp file behind; the next write of the
-    // same file sweeps it up.
     const tmpPrefix = `.${path.basename(real)}.bashible-`;
     for (const name of await readdir(dir)) {
       if (name.startsWith(tmpPrefix)) await rm(path.join(dir, name), { force: true });
@@ -288,7 +268,8 @@ export class Host {
   }
 }
 
-async function fsyncDir(dir: string): Promise<void> {
+/** fsync a directory, so a rename in it survives a crash. */
+export async function fsyncDir(dir: string): Promise<void> {
   const fh = await open(dir, "r");
   try {
     await fh.sync();

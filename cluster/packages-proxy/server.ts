@@ -15,6 +15,7 @@ import type { AddressInfo } from "node:net";
 import path from "node:path";
 import got, { HTTPError, RequestError } from "got";
 import type { Logger } from "../../agent/log.ts";
+import { fsyncDir } from "../../agent/host/host.ts";
 
 export const DIGEST_RE = /^sha256:[0-9a-f]{64}$/;
 /** OCI distribution repository name (path components of lowercase alphanumerics and separators). */
@@ -246,15 +247,6 @@ function describe(err: unknown, url: string): string {
   }
   if (err instanceof RequestError) return `upstream ${url}: ${err.code ?? ""} ${err.message}`.trim();
   return `upstream ${url}: ${(err as Error)?.message ?? String(err)}`;
-}
-
-async function fsyncDir(dir: string): Promise<void> {
-  const fh = await open(dir, "r");
-  try {
-    await fh.sync();
-  } finally {
-    await fh.close();
-  }
 }
 
 function etagMatches(header: string | undefined, digest: string): boolean {
