@@ -14,6 +14,7 @@ const COMMANDS: Record<string, () => Promise<{ default: Command }>> = {
   facts: () => import("./commands/facts.ts"),
   "packages-proxy": () => import("../cluster/packages-proxy/command.ts"),
   version: () => import("./commands/version.ts"),
+  "internal-connections": () => import("./commands/connections.ts"),
   server: () => import("../cluster/command.ts"),
 };
 
@@ -30,9 +31,10 @@ const GLOBAL_HELP = `Global options:
       --log-level LEVEL   trace, debug, info (default), warn, error`;
 
 async function mainHelp(): Promise<string> {
-  const lines = await Promise.all(
-    Object.entries(COMMANDS).map(async ([name, load]) => `  ${name.padEnd(10)} ${(await load()).default.summary}`),
+  const commands = await Promise.all(
+    Object.entries(COMMANDS).map(async ([name, load]) => [name, (await load()).default] as const),
   );
+  const lines = commands.filter(([, c]) => !c.hidden).map(([name, c]) => `  ${name.padEnd(14)} ${c.summary}`);
   return `bashible: the node agent of a Deckhouse-style Kubernetes cluster
 
 usage: bashible <command> [options]

@@ -29,6 +29,8 @@ export interface Command {
   options?: OptionSpec;
   /** Commands whose stdout is their result keep logs on stderr. */
   logTo?: "stdout" | "stderr";
+  /** Not listed in `bashible --help` (internal plumbing). */
+  hidden?: boolean;
   /** A long-running process that must stay small: gets the light logger, not pino. */
   resident?: boolean;
   /** Whether `--root` means something to this command. */

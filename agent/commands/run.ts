@@ -1,10 +1,12 @@
 import { EXIT, UsageError, type Command } from "../cli/command.ts";
 import { Host } from "../host/host.ts";
-import { Daemon } from "../daemon/daemon.ts";
+import { agentArgv, Daemon } from "../daemon/daemon.ts";
 import { nodeName } from "../converge/node-name.ts";
 import { resolveBundleFile } from "../converge/source.ts";
 import { CONVERGE_HELP, CONVERGE_OPTIONS, convergeOptions } from "./converge-options.ts";
+import { spawn } from "node:child_process";
 import type { KubeClient } from "../kube/client.ts";
+import type { WireConnection } from "./connections.ts";
 
 const PASS_THROUGH = [
   "bundle",
@@ -18,6 +20,53 @@ const PASS_THROUGH = [
   "log-format",
   "log-level",
 ];
+
+/**
+ * Cluster clients for the daemon. A short-lived child resolves the kubeconfig (YAML) and the
+ * bootstrap files; the daemon only loads the TLS client.
+ */
+async function connectViaChild(childArgs: string[]): Promise<KubeClient[]> {
+  const pass: string[] = [];
+  for (let i = 0; i < childArgs.length; i += 2) {
+    const [flag, value] = [childArgs[i], childArgs[i + 1]];
+    if (flag === "--root" || flag === "--kubeconfig" || flag === "--server") pass.push(flag as string, value as string);
+  }
+  const { stdout, stderr, code } = await new Promise<{ stdout: string; stderr: string; code: number | null }>(
+    (resolve) => {
+      const child = spawn(process.execPath, agentArgv(["internal-connections", ...pass]));
+      let out = "";
+      let err = "";
+      child.stdout.on("data", (d) => (out += d));
+      child.stderr.on("data", (d) => (err += d));
+      child.on("close", (c) => resolve({ stdout: out, stderr: err, code: c }));
+    },
+  );
+  if (code !== 0) {
+    // The child logs JSON to stderr; its message says what is wrong with the credentials.
+    const msg = stderr
+      .split("\n")
+      .map((l) => {
+        try {
+          return (JSON.parse(l) as { msg?: string }).msg;
+        } catch {
+          return l;
+        }
+      })
+      .filter(Boolean)
+      .pop();
+    throw new Error(msg ?? `could not resolve cluster credentials (exit ${code})`);
+  }
+  const { KubeClient } = await import("../kube/client.ts");
+  const wire = JSON.parse(stdout) as WireConnection[];
+  const buf = (s?: string) => (s === undefined ? undefined : Buffer.from(s, "base64"));
+  return wire.map(
+    (w) =>
+      new KubeClient(
+        { ...w, ca: Buffer.from(w.ca, "base64"), cert: buf(w.cert), key: buf(w.key) },
+        { timeoutMs: 10_000 },
+      ),
+  );
+}
 
 const run: Command = {
   summary: "run the agent: converge on change and every minute (the systemd service)",
@@ -47,11 +96,7 @@ ${CONVERGE_HELP}`,
     // Host needs an OS profile only for steps; the daemon reads state files and talks to the API.
     const host = new Host(root, { id: "", versionId: "", family: "debian", packageManager: "apt" });
     let clients: KubeClient[] = [];
-    if (!opts.bundle || opts.kubeconfig) {
-      // Loaded only when talking to a cluster: TLS alone costs the process about 8 MB.
-      const { clusterClients } = await import("../converge/connect.ts");
-      clients = await clusterClients(host, { kubeconfig: opts.kubeconfig, servers: opts.servers });
-    }
+    if (!opts.bundle || opts.kubeconfig) clients = await connectViaChild(childArgs);
     const daemon = new Daemon({
       root,
       log,

@@ -33,6 +33,12 @@ export interface DaemonOptions {
 
 const rootPath = (root: string, p: string) => path.join(root, p);
 
+/** Arguments to run `bashible <args>` as a child on this runtime, without the daemon's memory flags. */
+export function agentArgv(args: string[]): string[] {
+  const execArgv = process.execArgv.filter((a) => a !== "--lite-mode" && a !== "--use-openssl-ca");
+  return [...execArgv, process.argv[1] ?? "", ...args];
+}
+
 function jitter(ms: number): number {
   return Math.round(ms * (0.5 + Math.random()));
 }
@@ -177,9 +183,7 @@ export class Daemon {
       return;
     }
     this.log.info({ reason }, "converge due");
-    const execArgv = process.execArgv.filter((a) => a !== "--lite-mode" && a !== "--use-openssl-ca");
-    const args = [...execArgv, process.argv[1] ?? "", "once", ...this.o.childArgs];
-    const child = spawn(process.execPath, args, { stdio: "inherit" });
+    const child = spawn(process.execPath, agentArgv(["once", ...this.o.childArgs]), { stdio: "inherit" });
     this.child = child;
     child.once("exit", (code, signal) => {
       this.child = undefined;
