@@ -49,4 +49,3 @@ export async function clusterClients(host: Host, o: ConnectOptions): Promise<Kub
   return (await clusterConnections(host, o)).map((c) => new KubeClient(c, { timeoutMs: o.timeoutMs ?? 10_000 }));
 }
 
-export { nodeName } from "./node-name.ts";

@@ -7,7 +7,8 @@ import { Host, type OsProfile } from "../host/host.ts";
 import type { KubeClient } from "../kube/client.ts";
 import type { NodeGroupBundle } from "../../bundles/types.ts";
 import { acceptBundle, bundleSecrets, BundleRejectedError, redact } from "./bundle.ts";
-import { clusterClients, nodeName as resolveNodeName } from "./connect.ts";
+import { clusterClients } from "./connect.ts";
+import { nodeName as resolveNodeName } from "./node-name.ts";
 import { ApiBundleSource, FileBundleSource, resolveBundleFile, type BundleSource } from "./source.ts";
 import { decide, type GateDecision } from "./gate.ts";
 import { applySteps, DEFAULT_RETRY, planSteps, type BaseContext, type RetryPolicy, type StepPlan } from "./engine.ts";
@@ -47,7 +48,6 @@ export class ConvergeError extends Error {
 interface Session {
   host: Host;
   nodeName: string;
-  group: string;
   source: BundleSource;
   reporter: NodeReporter;
   node?: KubeObject;
@@ -120,7 +120,6 @@ async function openSession(o: ConvergeOptions): Promise<Session> {
   return {
     host,
     nodeName: name,
-    group: group ?? lastGood?.nodeGroup ?? "",
     source,
     reporter: new NodeReporter(kube, name, o.log),
     node,
@@ -326,4 +325,3 @@ async function convergeLocked(s: Session, o: ConvergeOptions): Promise<ConvergeR
   return outcome;
 }
 
-export { readStatus };
