@@ -48,4 +48,3 @@ export async function clusterConnections(host: Host, o: ConnectOptions): Promise
 export async function clusterClients(host: Host, o: ConnectOptions): Promise<KubeClient[]> {
   return (await clusterConnections(host, o)).map((c) => new KubeClient(c, { timeoutMs: o.timeoutMs ?? 10_000 }));
 }
-

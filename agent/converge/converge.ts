@@ -324,4 +324,3 @@ async function convergeLocked(s: Session, o: ConvergeOptions): Promise<ConvergeR
   }
   return outcome;
 }
-
