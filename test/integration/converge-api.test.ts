@@ -2,7 +2,7 @@
 // with the kubelet's identity, with a group-scoped bootstrap token, against a wrong CA or a
 // server that is down, and the daemon reacting to a change published by the server.
 import t from "tap";
-import { mkdir, readFile, writeFile } from "node:fs/promises";
+import { mkdir, readFile, rm, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { startStack } from "../fixtures/stack.ts";
 import { bashible, bashibleDaemon, waitFor } from "../fixtures/cli.ts";
@@ -129,3 +129,46 @@ t.test("the daemon starts applying a change the server publishes within seconds"
   d.kill("SIGTERM");
   t.equal(await exited, 0);
 });
+
+t.test(
+  "kubelet.conf points at the local API proxy; when it is down, the endpoints of the last bundle serve",
+  async (t) => {
+    const n = await kubeletNode("api-6");
+    t.equal((await bashible(["once", "--root", n.root, "--kubeconfig", n.kubeconfig])).status, 0, "first run");
+    // The kubelet's files, where a node has them, with kubelet.conf aimed at a local API proxy
+    // that is not running.
+    const proxyDown = `https://127.0.0.1:${await freePort()}`;
+    const id = path.dirname(n.kubeconfig);
+    await mkdir(path.join(n.root, "etc/kubernetes/pki"), { recursive: true });
+    await mkdir(path.join(n.root, "var/lib/kubelet/pki"), { recursive: true });
+    await writeFile(path.join(n.root, "etc/kubernetes/pki/ca.crt"), await readFile(cp.ca.cert));
+    await writeFile(
+      path.join(n.root, "var/lib/kubelet/pki/kubelet-client-current.pem"),
+      Buffer.concat([
+        await readFile(path.join(id, "kubelet-client.crt")),
+        await readFile(path.join(id, "kubelet-client.key")),
+      ]),
+    );
+    await writeFile(
+      path.join(n.root, "etc/kubernetes/kubelet.conf"),
+      `apiVersion: v1
+kind: Config
+clusters: [{name: d8, cluster: {server: "${proxyDown}", certificate-authority: /etc/kubernetes/pki/ca.crt}}]
+users: [{name: kubelet, user: {client-certificate: /var/lib/kubelet/pki/kubelet-client-current.pem, client-key: /var/lib/kubelet/pki/kubelet-client-current.pem}}]
+contexts: [{name: kubelet@d8, context: {cluster: d8, user: kubelet}}]
+current-context: kubelet@d8
+`,
+    );
+    await rm(path.join(n.root, "var/lib/bashible/configuration_checksum"));
+    await api.patchNode(cp.admin, "api-6", { metadata: { annotations: { "update.node.deckhouse.io/approved": "" } } });
+    const r = await bashible(["once", "--root", n.root, "--log-format", "json"]);
+    t.equal(r.status, 0, r.stdout + r.stderr);
+    const current = JSON.parse(
+      (await cp.admin.raw("GET", "/apis/bashible.deckhouse.io/v1alpha1/nodegroupbundles/worker")).body.toString(),
+    ) as { checksum: string };
+    t.equal(await applied(n.root), current.checksum, "applied through the fallback endpoint");
+    t.match(r.stdout, /connection refused by https:\/\/127\.0\.0\.1/, "after the proxy refused");
+    const st = JSON.parse((await bashible(["status", "--root", n.root, "--json"])).stdout);
+    t.notOk(st.fetchError, "the fetch succeeded");
+  },
+);
