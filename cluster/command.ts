@@ -12,7 +12,6 @@ import { NAMESPACE } from "./checksums.ts";
 import { installCrds } from "./crds/install.ts";
 import { asset } from "../agent/assets.ts";
 
-const EXAMPLE_DIR = asset("examples/cluster");
 const SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount";
 
 async function inClusterConnection(): Promise<KubeConnection> {
@@ -104,7 +103,7 @@ See docs/cluster.md for the formats and the authorization model.`,
     if (str("kubeconfig"))
       kube = new KubeClient(await loadKubeconfig(str("kubeconfig")!), { userAgent: "bashible-server" });
     else if (v["in-cluster"]) kube = new KubeClient(await inClusterConnection(), { userAgent: "bashible-server" });
-    const configDir = str("config-dir") ?? (kube ? undefined : EXAMPLE_DIR);
+    const configDir = str("config-dir") ?? (kube ? undefined : asset("examples/cluster"));
     if (configDir && !existsSync(configDir)) throw new UsageError(`--config-dir ${configDir} does not exist`);
     if (v["install-crds"]) {
       if (!kube) throw new UsageError("--install-crds needs --kubeconfig or --in-cluster");

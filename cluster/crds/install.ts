@@ -8,12 +8,13 @@ import type { KubeClient } from "../../agent/kube/client.ts";
 import { isConflict, isNotFound } from "../../agent/kube/errors.ts";
 import type { KubeObject } from "../../agent/kube/api.ts";
 
-const DIR = asset("cluster/crds");
 export const CRD_FILES = ["nodegroup.yaml", "nodegroupconfiguration.yaml", "nodeuser.yaml"] as const;
 const CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
 
 export async function loadCrds(): Promise<KubeObject[]> {
-  return Promise.all(CRD_FILES.map(async (f) => parse(await readFile(path.join(DIR, f), "utf8")) as KubeObject));
+  return Promise.all(
+    CRD_FILES.map(async (f) => parse(await readFile(path.join(asset("cluster/crds"), f), "utf8")) as KubeObject),
+  );
 }
 
 /** Creates or replaces each CRD, then waits (bounded) for every one to be Established. */

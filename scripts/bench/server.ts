@@ -371,7 +371,7 @@ async function main(): Promise<void> {
       ],
       {
         stdio: ["ignore", "inherit", "inherit"],
-        env: { ...process.env, BASHIBLE_TEMPLATES_DIR: path.join(REPO, "bundles/templates") },
+        env: { ...process.env, BASHIBLE_ASSETS: REPO },
       },
     );
     children.push(server);
