@@ -45,7 +45,9 @@ const planCommand: Command = {
   help: `Plans every step of the bundle against the machine as it is now: per step a one-line
 summary and, for files, a unified diff. Changes nothing, not even state files.
 
-Exit: 0 in sync, 2 changes pending, 1 error (including a step that cannot be planned).
+Exit: 0 in sync, 2 changes pending (a step would change something, or a converge is due:
+new checksum, reboot, forced), 1 error (a step cannot be planned, or the current bundle
+could not be fetched: the plan shown is then against the last good one).
 
 Options:
       --json              print the plan as JSON
@@ -61,8 +63,11 @@ ${CONVERGE_HELP}`,
     } else {
       stdout(formatPlan(report));
     }
-    if (report.steps.some((s) => s.error)) return EXIT.error;
-    return report.steps.some((s) => s.changes.length) ? EXIT.changesPending : EXIT.ok;
+    // Planned against the last good bundle because the current one could not be had: the
+    // answer is not "in sync", it is unknown.
+    if (report.fetchError || report.steps.some((s) => s.error)) return EXIT.error;
+    const pending = report.steps.some((s) => s.changes.length) || report.gate.run;
+    return pending ? EXIT.changesPending : EXIT.ok;
   },
 };
 export default planCommand;

@@ -106,6 +106,7 @@ ${CONVERGE_HELP}`,
       nodeGroup: opts.nodeGroup,
       bundleFile: opts.bundle ? await resolveBundleFile(opts.bundle, opts.nodeGroup) : undefined,
       clients,
+      reconnect: clients.length ? () => connectViaChild(childArgs) : undefined,
     });
     for (const sig of ["SIGTERM", "SIGINT"] as const) {
       process.once(sig, () => {

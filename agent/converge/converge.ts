@@ -258,7 +258,9 @@ async function convergeLocked(s: Session, o: ConvergeOptions): Promise<ConvergeR
 
   const plans = await planSteps(host, bundle, base);
   const pending = plans.some((p) => p.changes.length > 0 || p.error);
-  if (pending && !firstRun && reporter.kube && s.node) {
+  // With a cluster, a later run never changes the node unapproved: if the Node cannot be read,
+  // waitForApproval fails and so does the run.
+  if (pending && !firstRun && reporter.kube) {
     const approved = await waitForApproval(reporter.kube, s.nodeName, log, {
       timeoutMs: o.approvalTimeoutMs ?? 10 * 60_000,
       signal: o.signal,

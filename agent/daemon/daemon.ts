@@ -4,13 +4,13 @@
 // child and leaves with it, so the daemon's memory stays close to a bare Node process.
 import { spawn, type ChildProcess } from "node:child_process";
 import { watch as fsWatch, type FSWatcher } from "node:fs";
-import { mkdir, readFile, writeFile } from "node:fs/promises";
+import { mkdir, readFile, stat, writeFile } from "node:fs/promises";
 import path from "node:path";
 import type { Logger } from "../log.ts";
 import { sleep } from "../sleep.ts";
-import type { KubeClient } from "../kube/client.ts";
+import type { KubeClient, WatchEvent } from "../kube/client.ts";
 import type { KubeObject } from "../kube/api.ts";
-import { isGone } from "../kube/errors.ts";
+import { isForbidden, isGone, isUnauthorized, KubeTLSError } from "../kube/errors.ts";
 import { API_VERSION } from "../../bundles/types.ts";
 import { KERNEL_PATHS } from "../facts.ts";
 import { decide } from "../converge/gate.ts";
@@ -29,7 +29,12 @@ export interface DaemonOptions {
   bundleFile?: string;
   /** API mode (or local mode with --kubeconfig): clients in preference order. */
   clients: KubeClient[];
+  /** Resolves the credentials again (bootstrap token → kubelet.conf, rotated certificates). */
+  reconnect?: () => Promise<KubeClient[]>;
 }
+
+/** Files whose change means the node's credentials changed. */
+const CREDENTIAL_FILES = [PATHS.kubeletKubeconfig, PATHS.kubeletClientPem, PATHS.bootstrapToken];
 
 const rootPath = (root: string, p: string) => path.join(root, p);
 
@@ -56,7 +61,12 @@ export class Daemon {
   private source: BundleSource | undefined;
   private timer: NodeJS.Timeout | undefined;
   private fileWatcher: FSWatcher | undefined;
-  private bundleWatchRestart: (() => void) | undefined;
+  private clients: KubeClient[];
+  /** Aborted when the clients are replaced, so watches re-open with the new ones. */
+  private connection = new AbortController();
+  private credentialStamp = "";
+  private needReconnect = false;
+  private bundleWatching = false;
   /** Completes when the daemon stopped and no child runs. */
   readonly done: Promise<void>;
   private resolveDone!: () => void;
@@ -65,16 +75,17 @@ export class Daemon {
     this.o = o;
     this.log = o.log;
     this.group = o.nodeGroup;
+    this.clients = o.clients;
     this.done = new Promise((r) => (this.resolveDone = r));
   }
 
   async start(): Promise<void> {
-    const kube = this.o.clients[0];
+    this.credentialStamp = await this.stampCredentials();
     if (this.o.bundleFile) {
       this.source = new FileBundleSource(this.o.bundleFile);
       this.watchFile(this.o.bundleFile);
     }
-    if (kube) void this.watchNode(kube);
+    if (this.clients.length) void this.watchNode();
     if (!this.o.bundleFile && this.group) this.useGroup(this.group);
     this.log.info(
       {
@@ -92,18 +103,55 @@ export class Daemon {
     this.abort.abort();
     clearTimeout(this.timer);
     this.fileWatcher?.close();
-    for (const c of this.o.clients) c.close();
+    for (const c of this.clients) c.close();
     if (this.child) this.child.kill("SIGTERM");
     else this.resolveDone();
   }
 
   private useGroup(group: string): void {
+    const moved = this.group !== undefined && this.group !== group;
     this.group = group;
-    this.source = new ApiBundleSource(this.o.clients, group);
+    this.source = new ApiBundleSource(this.clients, group);
     this.etag = undefined;
-    this.bundleWatchRestart?.();
-    const kube = this.o.clients[0];
-    if (kube) void this.watchBundle(kube, group);
+    if (moved) this.restartWatches();
+    if (!this.bundleWatching && this.clients.length) void this.watchBundle();
+  }
+
+  private restartWatches(): void {
+    this.connection.abort();
+    this.connection = new AbortController();
+  }
+
+  /** mtimes of the credential files: a change (kubelet.conf appeared, certificate rotated) means reconnect. */
+  private async stampCredentials(): Promise<string> {
+    const times = await Promise.all(
+      CREDENTIAL_FILES.map((f) =>
+        stat(rootPath(this.o.root, f)).then(
+          (s) => s.mtimeMs,
+          () => 0,
+        ),
+      ),
+    );
+    return times.join(",");
+  }
+
+  /** Replaces the clients when the credentials changed or were refused; watches re-open. */
+  private async maybeReconnect(): Promise<void> {
+    if (!this.o.reconnect) return;
+    const stamp = await this.stampCredentials();
+    if (stamp === this.credentialStamp && !this.needReconnect) return;
+    try {
+      const fresh = await this.o.reconnect();
+      for (const c of this.clients) c.close();
+      this.clients = fresh;
+      this.credentialStamp = stamp;
+      this.needReconnect = false;
+      if (this.group && !this.o.bundleFile) this.source = new ApiBundleSource(fresh, this.group);
+      this.restartWatches();
+      this.log.info({ via: fresh.map((c) => c.connection.source) }, "cluster credentials reloaded");
+    } catch (err) {
+      this.log.warn(`cannot reload cluster credentials: ${(err as Error).message}`);
+    }
   }
 
   private schedule(): void {
@@ -124,6 +172,7 @@ export class Daemon {
   /** The safety net: one conditional request, then the gate. */
   private async tick(reason: string): Promise<void> {
     try {
+      await this.maybeReconnect();
       if (this.source) {
         const got = await this.source.fetch(this.etag);
         if (!("notModified" in got)) {
@@ -131,26 +180,38 @@ export class Daemon {
           this.bundleChecksum = checksumOf(got.raw);
         }
       }
-      await this.check(reason);
     } catch (err) {
+      // Refused credentials (expired bootstrap token, rotated certificate) are re-read next tick.
+      if (err instanceof KubeTLSError || isUnauthorized(err) || isForbidden(err)) this.needReconnect = true;
       this.log.warn(`tick: ${(err as Error).message}`);
-      // A converge still runs on the last good bundle after a reboot; the child decides.
-      if (this.bundleChecksum === undefined) await this.check(`${reason} (fetch failed)`, true);
+    }
+    try {
+      // Without a fresh bundle the gate still sees a reboot or a removed checksum file.
+      await this.check(reason);
     } finally {
       this.schedule();
     }
   }
 
-  private async check(reason: string, force = false): Promise<void> {
-    const [applied, status, bootId] = await Promise.all([
+  private async check(reason: string): Promise<void> {
+    try {
+      await this.checkGate(reason);
+    } catch (err) {
+      this.log.warn(`check: ${(err as Error).message}`);
+    }
+  }
+
+  private async checkGate(reason: string): Promise<void> {
+    const [applied, appliedBootId, bootId] = await Promise.all([
       readFile(rootPath(this.o.root, PATHS.configurationChecksum), "utf8").then(
         (s) => s.trim() || undefined,
         () => undefined,
       ),
-      readFile(rootPath(this.o.root, PATHS.status), "utf8").then(
-        (s) => JSON.parse(s) as { appliedBootId?: string },
-        () => ({}) as { appliedBootId?: string },
-      ),
+      // A missing or torn status.json means "no applied boot": the gate then runs a converge,
+      // which rewrites it.
+      readFile(rootPath(this.o.root, PATHS.status), "utf8")
+        .then((s) => (JSON.parse(s) as { appliedBootId?: string }).appliedBootId)
+        .catch(() => undefined),
       readFile(KERNEL_PATHS.bootId, "utf8").then(
         (s) => s.trim(),
         () => "",
@@ -160,14 +221,14 @@ export class Daemon {
       bundleChecksum: this.bundleChecksum ?? applied ?? "",
       bootId,
       appliedChecksum: applied,
-      appliedBootId: status.appliedBootId,
+      appliedBootId,
       rebootRequested: this.node?.metadata.annotations?.[NODE_KEYS.reboot] !== undefined,
     });
-    if (gate.run || force) {
+    if (gate.run) {
       this.trigger(`${reason}: ${gate.reason}`);
       return;
     }
-    const kube = this.o.clients[0];
+    const kube = this.clients[0];
     if (kube && this.node && applied && this.node.metadata.annotations?.[NODE_KEYS.checksum] !== applied) {
       const { patchNode } = await import("../kube/api.ts");
       await patchNode(kube, this.o.nodeName, { metadata: { annotations: { [NODE_KEYS.checksum]: applied } } }).catch(
@@ -205,70 +266,89 @@ export class Daemon {
     });
   }
 
-  /** Follows own Node: the group label, the reboot annotation, the checksum annotation. */
-  private async watchNode(kube: KubeClient): Promise<void> {
-    let backoff = 1000;
-    while (!this.abort.signal.aborted) {
-      try {
-        for await (const ev of kube.watch<KubeObject>("/api/v1/nodes", {
-          fieldSelector: `metadata.name=${this.o.nodeName}`,
-          timeoutSeconds: 300,
-          signal: this.abort.signal,
-        })) {
-          backoff = 1000;
-          if (ev.type === "BOOKMARK" || ev.type === "DELETED") continue;
-          const before = this.node;
-          this.node = ev.object;
-          const group = ev.object.metadata.labels?.[NODE_KEYS.group];
-          if (!this.o.bundleFile && group && group !== this.group && !this.o.nodeGroup) {
-            this.log.info({ group }, "node group from the Node's label");
-            this.useGroup(group);
-            void this.tick("node group known");
-          }
-          const rebootNow = ev.object.metadata.annotations?.[NODE_KEYS.reboot] !== undefined;
-          const rebootBefore = before?.metadata.annotations?.[NODE_KEYS.reboot] !== undefined;
-          if (rebootNow && !rebootBefore) void this.check("reboot requested");
-        }
-      } catch (err) {
-        if (this.abort.signal.aborted) return;
-        this.log.warn(`Node watch: ${(err as Error).message}; retrying`);
-        await sleep(jitter(backoff), this.abort.signal);
-        backoff = Math.min(backoff * 2, 30_000);
-      }
-    }
-  }
-
-  /** Follows the bundle: a new checksum starts a converge within moments. */
-  private async watchBundle(kube: KubeClient, group: string): Promise<void> {
-    const local = new AbortController();
-    this.bundleWatchRestart = () => local.abort();
-    const signal = AbortSignal.any([this.abort.signal, local.signal]);
+  /**
+   * Keeps a watch open with the current clients: re-opens it when the server ends it, after a
+   * failure (jittered backoff), and at once when the clients are replaced.
+   */
+  private async follow<T>(
+    what: string,
+    target: () => { path: string; fieldSelector: string } | undefined,
+    onEvent: (ev: WatchEvent<T>) => void,
+  ): Promise<void> {
     let backoff = 1000;
     let resourceVersion: string | undefined;
-    while (!signal.aborted) {
+    while (!this.abort.signal.aborted) {
+      const kube = this.clients[0];
+      const t = target();
+      if (!kube || !t) return;
+      const signal = AbortSignal.any([this.abort.signal, this.connection.signal]);
       try {
-        for await (const ev of kube.watch<{ checksum?: string; metadata: { resourceVersion?: string } }>(
-          `/apis/${API_VERSION}/nodegroupbundles`,
-          { fieldSelector: `metadata.name=${group}`, resourceVersion, timeoutSeconds: 300, signal },
-        )) {
+        for await (const ev of kube.watch<T>(t.path, { ...t, resourceVersion, timeoutSeconds: 300, signal })) {
           backoff = 1000;
-          resourceVersion = ev.object.metadata?.resourceVersion ?? resourceVersion;
-          if (ev.type !== "ADDED" && ev.type !== "MODIFIED") continue;
-          const sum = ev.object.checksum;
-          if (sum && sum !== this.bundleChecksum) {
-            this.bundleChecksum = sum;
-            this.etag = undefined;
-            void this.check("bundle changed");
-          }
+          resourceVersion = (ev.object as { metadata?: { resourceVersion?: string } }).metadata?.resourceVersion;
+          onEvent(ev);
         }
       } catch (err) {
-        if (signal.aborted) return;
         if (isGone(err)) resourceVersion = undefined;
-        this.log.warn(`bundle watch: ${(err as Error).message}; retrying`);
+        if (signal.aborted) continue;
+        this.log.warn(`${what} watch: ${(err as Error).message}; retrying`);
         await sleep(jitter(backoff), signal);
         backoff = Math.min(backoff * 2, 30_000);
       }
+      if (this.connection.signal.aborted || signal.aborted) resourceVersion = undefined;
     }
+  }
+
+  /** Follows own Node: the group label and the reboot annotation. */
+  private watchNode(): Promise<void> {
+    return this.follow<KubeObject>(
+      "Node",
+      () => ({ path: "/api/v1/nodes", fieldSelector: `metadata.name=${this.o.nodeName}` }),
+      (ev) => {
+        if (ev.type === "BOOKMARK" || ev.type === "DELETED") return;
+        const before = this.node;
+        // Only what the daemon reads: the Node's status (images, conditions) stays out of memory.
+        this.node = {
+          metadata: {
+            name: ev.object.metadata.name,
+            labels: ev.object.metadata.labels,
+            annotations: ev.object.metadata.annotations,
+          },
+        };
+        const group = ev.object.metadata.labels?.[NODE_KEYS.group];
+        if (!this.o.bundleFile && group && group !== this.group && !this.o.nodeGroup) {
+          this.log.info({ group }, "node group from the Node's label");
+          this.useGroup(group);
+          void this.tick("node group known");
+        }
+        const rebootNow = ev.object.metadata.annotations?.[NODE_KEYS.reboot] !== undefined;
+        const rebootBefore = before?.metadata.annotations?.[NODE_KEYS.reboot] !== undefined;
+        if (rebootNow && !rebootBefore) void this.check("reboot requested");
+      },
+    );
+  }
+
+  /** Follows the bundle: a new checksum starts a converge within moments. */
+  private watchBundle(): Promise<void> {
+    this.bundleWatching = true;
+    return this.follow<{ checksum?: string }>(
+      "bundle",
+      () =>
+        this.group
+          ? { path: `/apis/${API_VERSION}/nodegroupbundles`, fieldSelector: `metadata.name=${this.group}` }
+          : undefined,
+      (ev) => {
+        if (ev.type !== "ADDED" && ev.type !== "MODIFIED") return;
+        const sum = ev.object.checksum;
+        if (sum && sum !== this.bundleChecksum) {
+          this.bundleChecksum = sum;
+          this.etag = undefined;
+          void this.check("bundle changed");
+        }
+      },
+    ).finally(() => {
+      this.bundleWatching = false;
+    });
   }
 }
 

@@ -116,7 +116,9 @@ t.test("the daemon starts applying a change the server publishes within seconds"
   await waitFor("first converge", async () =>
     (await readFile(path.join(n.root, "hello"), "utf8").catch(() => "")) === "one\n" ? true : undefined,
   );
-  // Later runs wait for approval: approve as the controller would.
+  await waitFor("the first run recorded", async () => ((await applied(n.root)) ? true : undefined));
+  // Later runs wait for approval: approve as the controller would (after the first run, which
+  // clears the approval annotations when it succeeds).
   await api.patchNode(cp.admin, "api-5", { metadata: { annotations: { "update.node.deckhouse.io/approved": "" } } });
   await stack.setScript("two");
   await waitFor(
@@ -171,3 +173,46 @@ current-context: kubelet@d8
     t.notOk(st.fetchError, "the fetch succeeded");
   },
 );
+
+t.test("the daemon switches from the bootstrap token to kubelet.conf when it appears", async (t) => {
+  const n = await kubeletNode("api-7");
+  const token = await cp.mintBootstrapToken({ extraGroups: ["system:bootstrappers:d8-node-manager:worker"] });
+  await writeFile(path.join(n.root, "var/lib/bashible/bootstrap-token"), token);
+  await writeFile(path.join(n.root, "var/lib/bashible/ca.crt"), await readFile(cp.ca.cert));
+  const d = bashibleDaemon([
+    "--root",
+    n.root,
+    "--server",
+    cp.server,
+    "--node-name",
+    "api-7",
+    "--node-group",
+    "worker",
+    "--tick",
+    "1",
+  ]);
+  let out = "";
+  d.stdout?.on("data", (c) => (out += c));
+  t.teardown(() => void d.kill("SIGKILL"));
+  await waitFor("a converge with the token", async () => ((await applied(n.root)) ? true : undefined), 20_000);
+  // The kubelet came up: its kubeconfig appears (here the node identity the fixture minted).
+  await mkdir(path.join(n.root, "etc/kubernetes"), { recursive: true });
+  const id = path.dirname(n.kubeconfig);
+  await writeFile(
+    path.join(n.root, "etc/kubernetes/kubelet.conf"),
+    `apiVersion: v1
+kind: Config
+clusters: [{name: d8, cluster: {server: "${cp.server}", certificate-authority-data: "${(await readFile(cp.ca.cert)).toString("base64")}"}}]
+users: [{name: kubelet, user: {client-certificate-data: "${(await readFile(path.join(id, "kubelet-client.crt"))).toString("base64")}", client-key-data: "${(await readFile(path.join(id, "kubelet-client.key"))).toString("base64")}"}}]
+contexts: [{name: k, context: {cluster: d8, user: kubelet}}]
+current-context: k
+`,
+  );
+  await waitFor(
+    "credentials reloaded",
+    () => (out.includes("cluster credentials reloaded") ? true : undefined),
+    15_000,
+  );
+  t.match(out, /kubelet\.conf/, "now through kubelet.conf");
+  t.notMatch(out, new RegExp(token.split(".")[1] as string), "the token never reaches the log");
+});

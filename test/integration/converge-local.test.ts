@@ -133,6 +133,7 @@ t.test("bad bundles are rejected with a clear error and the last good one stays"
   }
   const p = await bashible(["plan", "--root", root, "--bundle", file]);
   t.match(p.stdout, /fetch failed, planned against the last good bundle/);
+  t.equal(p.status, 1, "plan cannot say 'in sync' without the current bundle");
 });
 
 t.test("the last 10 applied bundles are kept", async (t) => {
@@ -210,4 +211,21 @@ t.test("the daemon applies a changed bundle within seconds", async (t) => {
   d.kill("SIGTERM");
   t.equal(await exited, 0, "stops cleanly on SIGTERM");
   t.match(out, /"msg":"converge due"/);
+});
+
+t.test("a torn status.json does not stop the daemon from converging", async (t) => {
+  const root = await sandbox();
+  const file = await writeBundle(root, makeBundle([hello("one")]), "../b-" + path.basename(root) + ".json");
+  t.equal((await bashible(["once", "--root", root, "--bundle", file])).status, 0);
+  await writeFile(path.join(root, "var/lib/bashible/status.json"), '{"appliedBootId": "tru');
+  const d = bashibleDaemon(["--root", root, "--bundle", file, "--tick", "3600"]);
+  t.teardown(() => void d.kill("SIGKILL"));
+  await writeBundle(root, makeBundle([hello("two")]), "../b-" + path.basename(root) + ".json");
+  await waitFor(
+    "the new bundle applied",
+    async () => ((await readFile(path.join(root, "etc/hello/greeting"), "utf8")) === "two node-1\n" ? true : undefined),
+    15_000,
+  );
+  t.pass("converged; status.json rewritten");
+  t.ok(JSON.parse(await readFile(path.join(root, "var/lib/bashible/status.json"), "utf8")).appliedChecksum);
 });
