@@ -13,8 +13,9 @@ import type { Host } from "../agent/host/host.ts";
 import { CommandError } from "../agent/host/host.ts";
 import type { Step, StepContext } from "./types.ts";
 import type { ScriptSpec } from "../bundles/types.ts";
+import { PATHS } from "../agent/converge/paths.ts";
 
-const RECORDS = "/var/lib/bashible/scripts";
+const RECORDS = PATHS.scripts;
 const BOOT_ID = "/proc/sys/kernel/random/boot_id";
 
 interface RunRecord {

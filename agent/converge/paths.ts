@@ -10,9 +10,8 @@ export const PATHS = {
   status: `${STATE_DIR}/status.json`,
   /** The last applied bundles, newest kept: bundles/<checksum>.json. */
   bundles: `${STATE_DIR}/bundles`,
-  /** sha256 of each custom script's last successful run: scripts/<step>.sha256. */
+  /** Each custom script's last success (content hash, boot id, epoch): scripts/<step>.json. */
   scripts: `${STATE_DIR}/scripts`,
-  flags: `${STATE_DIR}/flags`,
   lock: "/var/lock/bashible",
   /** The daemon's pid and schedule, for `bashible status` (tmpfs on a node). */
   daemon: "/run/bashible/daemon.json",

@@ -15,10 +15,12 @@ import type {
 } from "./inputs.ts";
 import { renderTemplate, renderText } from "./templates.ts";
 import { nextEpochChangeMs, updateEpoch } from "./update-epoch.ts";
+import { MARKER, SUDOERS_DROP_IN } from "../../steps/node-users.ts";
+import { PROFILE_DROP_IN } from "../../steps/deckhouse-path.ts";
 import { checkConfiguration, checkContext, checkGroupName, checkNodeUser, checkScriptSize } from "./validate.ts";
 
-/** GECOS of users the NodeUsers step creates (Deckhouse's marker, steps/node-users.ts); cleanup removes only those. */
-export const USER_MARKER = "created by deckhouse";
+/** GECOS of users the NodeUsers step creates; cleanup removes only those. */
+export const USER_MARKER = MARKER;
 
 /** Paths cleanup_static_node.sh removes (what the agent, containerd and kubelet put on a node). */
 export const CLEANUP_PATHS = [
@@ -40,8 +42,9 @@ export const CLEANUP_PATHS = [
   "/var/log/containerd",
   "/var/log/d8",
   "/home/deckhouse",
-  "/etc/profile.d/02-deckhouse-path.sh",
-  "/etc/sudoers.d/30-deckhouse-nodeadmins",
+  // The PATH drop-in of every family (ALT Linux keeps it in /etc/bashrc.d) and the sudoers one.
+  ...new Set(Object.values(PROFILE_DROP_IN)),
+  SUDOERS_DROP_IN,
 ];
 
 export interface ServedObject {
