@@ -267,9 +267,15 @@ t.test("error classes", async (t) => {
         },
       },
     });
-    const err = await admin.request("GET", "/apis/down.example.com/v1alpha1/things").catch((e) => e);
+    // The aggregator picks the APIService up asynchronously: until then the path is a 404.
+    let err: KubeStatusError | undefined;
+    for (let i = 0; i < 100; i++) {
+      err = await admin.request("GET", "/apis/down.example.com/v1alpha1/things").catch((e) => e);
+      if (!(err instanceof KubeStatusError) || err.status !== 404) break;
+      await new Promise((r) => setTimeout(r, 100));
+    }
     t.type(err, KubeStatusError);
-    t.ok(err.isServerError, `status ${err.status}`);
+    t.ok(err?.isServerError, `status ${err?.status}`);
   });
 
   t.test("a closed port is refused", async (t) => {
