@@ -1,6 +1,7 @@
 // Test and demo PKI, made with the openssl CLI: a CA, and leaf certificates for servers
 // (SANs) and clients (CN = user, O = groups), the way Kubernetes reads identities.
 import { execFile } from "node:child_process";
+import { randomBytes } from "node:crypto";
 import { writeFile } from "node:fs/promises";
 import path from "node:path";
 import { promisify } from "node:util";
@@ -84,7 +85,10 @@ export async function issueCert(dir: string, name: string, ca: CertFiles, o: Lea
     ca.cert,
     "-CAkey",
     ca.key,
-    "-CAcreateserial",
+    // A random serial per certificate: -CAcreateserial shares one serial file per CA, which
+    // certificates issued in parallel tear ("Unable to load number from ca.srl").
+    "-set_serial",
+    `0x${randomBytes(8).toString("hex")}`,
     "-out",
     cert,
     "-days",
