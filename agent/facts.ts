@@ -44,6 +44,11 @@ async function readTrimmed(p: string): Promise<string | undefined> {
   );
 }
 
+/** The running kernel's boot id ("" when unreadable): changes on every reboot. */
+export async function readBootId(): Promise<string> {
+  return (await readTrimmed(KERNEL_PATHS.bootId)) ?? "";
+}
+
 /** cgroup v2 has cgroup.controllers at the root; hybrid mounts a v2 "unified" tree beside v1. */
 export async function cgroupVersion(cgroupRoot = KERNEL_PATHS.cgroupRoot): Promise<NodeFacts["cgroup"]> {
   if (await exists(path.join(cgroupRoot, "cgroup.controllers"))) return { version: 2, hybrid: false };
@@ -85,7 +90,7 @@ export async function gatherFacts(root = "/"): Promise<NodeFacts> {
       () => true,
       () => false,
     ),
-    readTrimmed(KERNEL_PATHS.bootId),
+    readBootId(),
   ]);
   return {
     hostname: hostnameFile || os.hostname(),
@@ -93,7 +98,7 @@ export async function gatherFacts(root = "/"): Promise<NodeFacts> {
     kernel: { release: os.release(), arch: os.arch() },
     cgroup,
     psi: { available: psiAvailable, memory: KERNEL_PATHS.psiMemory },
-    bootId: bootId ?? "",
+    bootId,
     addresses: listAddresses(),
   };
 }

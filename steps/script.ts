@@ -7,7 +7,7 @@
 // Environment: NODE_NAME, NODE_GROUP, BUNDLE (debian|rhel|altlinux), BASHIBLE_ROOT ("/" or the
 // sandbox root: scripts prefix their paths with it), BASHIBLE_STATE_DIR, BASHIBLE_STEP,
 // BASHIBLE_FIRST_RUN (true|false), KUBERNETES_VERSION, and PATH with /opt/deckhouse/bin first.
-import { readFile } from "node:fs/promises";
+import { readBootId } from "../agent/facts.ts";
 import { sha256Hex } from "../bundles/checksum.ts";
 import type { Host } from "../agent/host/host.ts";
 import { CommandError } from "../agent/host/host.ts";
@@ -16,17 +16,12 @@ import type { ScriptSpec } from "../bundles/types.ts";
 import { PATHS } from "../agent/converge/paths.ts";
 
 const RECORDS = PATHS.scripts;
-const BOOT_ID = "/proc/sys/kernel/random/boot_id";
 
 interface RunRecord {
   sha256: string;
   bootId: string;
   epoch: string;
   at: string;
-}
-
-async function currentBootId(): Promise<string> {
-  return (await readFile(BOOT_ID, "utf8").catch(() => "")).trim();
 }
 
 function wantedRecord(spec: ScriptSpec, ctx: StepContext, bootId: string): Omit<RunRecord, "at"> {
@@ -48,7 +43,7 @@ const script: Step<"Script"> = {
   async plan(spec, host, ctx) {
     const name = ctx.stepName;
     if (spec.bundles.length && !spec.bundles.includes(host.os.family) && !spec.bundles.includes("*")) return [];
-    const want = wantedRecord(spec, ctx, await currentBootId());
+    const want = wantedRecord(spec, ctx, await readBootId());
     const last = await lastSuccess(host, name);
     let why: string;
     if (!last) why = "never ran successfully";
@@ -82,7 +77,7 @@ const script: Step<"Script"> = {
       signal: ctx.signal,
     });
     if (r.exitCode !== 0) throw new CommandError([`${spec.source}`], r);
-    const record: RunRecord = { ...wantedRecord(spec, ctx, await currentBootId()), at: new Date().toISOString() };
+    const record: RunRecord = { ...wantedRecord(spec, ctx, await readBootId()), at: new Date().toISOString() };
     await host.writeFile(`${RECORDS}/${name}.json`, `${JSON.stringify(record)}\n`, { mode: 0o644 });
     return undefined;
   },

@@ -1,16 +1,12 @@
 // Accepting a bundle: size limit, JSON, shape, known step kinds, checksum. Anything wrong is a
 // BundleRejectedError naming what and where; the caller keeps the last good bundle.
 import { bundleChecksum } from "../../bundles/checksum.ts";
+import { STEPS } from "../../steps/index.ts";
 import { API_VERSION, type BundleStep, type NodeGroupBundle, type StepKind } from "../../bundles/types.ts";
 
 export const MAX_BUNDLE_BYTES = 8 * 1024 * 1024;
-export const STEP_KINDS: readonly StepKind[] = [
-  "NodeUsers",
-  "CACertificates",
-  "DeckhousePath",
-  "RegistryPackages",
-  "Script",
-];
+/** Kinds this agent can apply: the step catalogue's. */
+export const STEP_KINDS = Object.keys(STEPS) as StepKind[];
 const STEP_NAME = /^\d{3}_[a-z0-9][a-z0-9_.-]*$/;
 
 export class BundleRejectedError extends Error {

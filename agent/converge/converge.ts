@@ -1,8 +1,7 @@
 // One converge, start to finish, and the read-only plan. The pieces (source, gate, engine,
 // state, reporter, approval) are small; this file decides their order.
-import { readFile } from "node:fs/promises";
 import type { Logger } from "../log.ts";
-import { gatherFacts, KERNEL_PATHS } from "../facts.ts";
+import { gatherFacts, readBootId } from "../facts.ts";
 import { Host, type OsProfile } from "../host/host.ts";
 import type { KubeClient } from "../kube/client.ts";
 import type { NodeGroupBundle } from "../../bundles/types.ts";
@@ -64,10 +63,6 @@ export async function osProfile(root: string): Promise<OsProfile> {
     family: f.os.family,
     packageManager: f.os.packageManager as OsProfile["packageManager"],
   };
-}
-
-async function bootId(): Promise<string> {
-  return (await readFile(KERNEL_PATHS.bootId, "utf8").catch(() => "")).trim();
 }
 
 /** Sets up host, identity, cluster access and the bundle source. Writes nothing. */
@@ -147,7 +142,7 @@ async function fetchBundle(s: Session): Promise<Fetch> {
 async function gateFor(s: Session, bundle: NodeGroupBundle): Promise<GateDecision> {
   return decide({
     bundleChecksum: bundle.checksum,
-    bootId: await bootId(),
+    bootId: await readBootId(),
     appliedChecksum: await readAppliedChecksum(s.host),
     appliedBootId: s.status.appliedBootId,
     rebootRequested: s.node?.metadata.annotations?.[NODE_KEYS.reboot] !== undefined,
@@ -295,7 +290,7 @@ async function convergeLocked(s: Session, o: ConvergeOptions): Promise<ConvergeR
   // Success: remember the bundle first, then the checksum, so a kill in between re-runs
   // (cheaply: every step then plans nothing) instead of trusting an unrecorded bundle.
   await rememberBundle(host, bundle);
-  const boot = await bootId();
+  const boot = await readBootId();
   await updateStatus(host, (st) => {
     st.appliedChecksum = checksum;
     st.appliedBootId = boot;

@@ -3,7 +3,7 @@
 // unreachable the problem is logged and the run goes on.
 import type { Logger } from "../log.ts";
 import type { KubeClient } from "../kube/client.ts";
-import { createEvent, getNode, patchNode, type KubeObject } from "../kube/api.ts";
+import { createEvent, patchNode } from "../kube/api.ts";
 
 export class NodeReporter {
   readonly kube: KubeClient | undefined;
@@ -40,10 +40,5 @@ export class NodeReporter {
       this.log.warn(`could not annotate Node ${this.nodeName}: ${(err as Error).message}`);
       return false;
     }
-  }
-
-  async node(): Promise<KubeObject | undefined> {
-    if (!this.kube) return undefined;
-    return getNode(this.kube, this.nodeName);
   }
 }

@@ -12,7 +12,7 @@ import type { KubeClient, WatchEvent } from "../kube/client.ts";
 import type { KubeObject } from "../kube/api.ts";
 import { isForbidden, isGone, isUnauthorized, KubeTLSError } from "../kube/errors.ts";
 import { API_VERSION } from "../../bundles/types.ts";
-import { KERNEL_PATHS } from "../facts.ts";
+import { readBootId } from "../facts.ts";
 import { decide } from "../converge/gate.ts";
 import { NODE_KEYS, PATHS } from "../converge/paths.ts";
 import { ApiBundleSource, FileBundleSource, type BundleSource } from "../converge/source.ts";
@@ -212,10 +212,7 @@ export class Daemon {
       readFile(rootPath(this.o.root, PATHS.status), "utf8")
         .then((s) => (JSON.parse(s) as { appliedBootId?: string }).appliedBootId)
         .catch(() => undefined),
-      readFile(KERNEL_PATHS.bootId, "utf8").then(
-        (s) => s.trim(),
-        () => "",
-      ),
+      readBootId(),
     ]);
     const gate = decide({
       bundleChecksum: this.bundleChecksum ?? applied ?? "",
