@@ -3,8 +3,8 @@
 // loads the one command module asked for, and turns its outcome into an exit code.
 import { parseArgs } from "node:util";
 import path from "node:path";
-import { EXIT, UsageError, type Command, type OptionSpec } from "./cli/command.ts";
-import type { LogFormat, Logger } from "./log.ts";
+import { EXIT, UsageError, type Command, type OptionSpec } from "../lib/cli.ts";
+import type { LogFormat, Logger } from "../lib/log/log.ts";
 
 const COMMANDS: Record<string, () => Promise<{ default: Command }>> = {
   run: () => import("./commands/run.ts"),
@@ -56,13 +56,13 @@ function commandHelp(name: string, cmd: Command): string {
 
 async function makeLogger(cmd: Command, format: LogFormat | undefined, level: string | undefined): Promise<Logger> {
   if (cmd.resident) {
-    const { createLightLogger } = await import("./log-light.ts");
+    const { createLightLogger } = await import("../lib/log/light.ts");
     return createLightLogger({
       format: format ?? (process.stdout.isTTY ? "pretty" : "json"),
       level: level ?? process.env.BASHIBLE_LOG_LEVEL ?? "info",
     });
   }
-  const { createLogger } = await import("./log.ts");
+  const { createLogger } = await import("../lib/log/log.ts");
   return createLogger({ format, level, to: cmd.logTo ?? "stdout" });
 }
 

@@ -2,9 +2,9 @@
 // the store and watch hub, the HTTPS API, and — with a Kubernetes client — the checksums
 // Secret, render-failure Events and manual-bootstrap Secrets.
 import { X509Certificate } from "node:crypto";
-import type { KubeClient } from "../agent/kube/client.ts";
-import { createEvent } from "../agent/kube/api.ts";
-import type { Logger } from "../agent/log.ts";
+import type { KubeClient } from "../lib/kube/client.ts";
+import { createEvent } from "../lib/kube/api.ts";
+import type { Logger } from "../lib/log/log.ts";
 import { reconcileBootstrapSecrets } from "./bootstrap-secrets.ts";
 import { NAMESPACE, writeChecksums } from "./checksums.ts";
 import { RenderLoop } from "./render-loop.ts";

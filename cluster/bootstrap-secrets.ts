@@ -6,10 +6,10 @@
 // has at least 3 hours left.
 import { randomBytes } from "node:crypto";
 import { stringify } from "yaml";
-import type { KubeClient } from "../agent/kube/client.ts";
-import { createSecret, getSecret, list, updateSecret, type KubeObject } from "../agent/kube/api.ts";
-import { isNotFound } from "../agent/kube/errors.ts";
-import type { Logger } from "../agent/log.ts";
+import type { KubeClient } from "../lib/kube/client.ts";
+import { createSecret, getSecret, list, updateSecret, type KubeObject } from "../lib/kube/api.ts";
+import { isNotFound } from "../lib/kube/errors.ts";
+import type { Logger } from "../lib/log/log.ts";
 import { NAMESPACE } from "./checksums.ts";
 import type { RenderInputs } from "./render/inputs.ts";
 import type { RenderedGroup } from "./render/render.ts";

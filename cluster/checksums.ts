@@ -1,9 +1,9 @@
 // Secret d8-cloud-instance-manager/configuration-checksums: data[<group>] = the group's bundle
 // checksum (sha256 hex). Controllers compare nodes' annotations with it. Written as
 // compare-and-swap with retries, because other writers (a second replica) may race.
-import type { KubeClient } from "../agent/kube/client.ts";
-import { createSecret, getSecret, updateSecret, type KubeObject } from "../agent/kube/api.ts";
-import { isConflict, isNotFound } from "../agent/kube/errors.ts";
+import type { KubeClient } from "../lib/kube/client.ts";
+import { createSecret, getSecret, updateSecret, type KubeObject } from "../lib/kube/api.ts";
+import { isConflict, isNotFound } from "../lib/kube/errors.ts";
 
 export const NAMESPACE = "d8-cloud-instance-manager";
 export const CHECKSUMS_SECRET = "configuration-checksums";

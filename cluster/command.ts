@@ -4,13 +4,13 @@ import { mkdir, readFile } from "node:fs/promises";
 import os from "node:os";
 import v8 from "node:v8";
 import path from "node:path";
-import { EXIT, UsageError, type Command } from "../agent/cli/command.ts";
-import { KubeClient } from "../agent/kube/client.ts";
-import { loadKubeconfig, type KubeConnection } from "../agent/kube/kubeconfig.ts";
+import { EXIT, UsageError, type Command } from "../lib/cli.ts";
+import { KubeClient } from "../lib/kube/client.ts";
+import { loadKubeconfig, type KubeConnection } from "../lib/kube/kubeconfig.ts";
 import { startBundleServer } from "./app.ts";
 import { NAMESPACE } from "./checksums.ts";
 import { installCrds } from "./crds/install.ts";
-import { asset } from "../agent/assets.ts";
+import { asset } from "../lib/assets.ts";
 
 const SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount";
 
@@ -29,7 +29,7 @@ async function inClusterConnection(): Promise<KubeConnection> {
 
 /** Standalone without given certificates: a CA, a serving certificate and an admin client certificate. */
 async function selfSigned(certDir: string, hosts: string[]) {
-  const { createCA, issueCert } = await import("../scripts/lib/pki.ts");
+  const { createCA, issueCert } = await import("../test/lib/pki.ts");
   await mkdir(certDir, { recursive: true, mode: 0o700 });
   const ca = await createCA(certDir, "ca", "bashible-server-ca");
   const dnsNames = hosts.filter((h) => !/^[\d.]+$|:/.test(h));

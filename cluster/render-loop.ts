@@ -2,7 +2,7 @@
 // or a group's update epoch ends, publishes what changed, and hands the checksums on. A group
 // whose render fails keeps serving its last good objects (and its checksum stays), and the
 // failure is reported: a log line, a metric, and a Warning Event on the NodeGroup.
-import type { Logger } from "../agent/log.ts";
+import type { Logger } from "../lib/log/log.ts";
 import { RenderError } from "./render/errors.ts";
 import type { RenderInputs } from "./render/inputs.ts";
 import { renderAll, type RenderedGroup } from "./render/render.ts";

@@ -9,7 +9,7 @@
 import { build } from "esbuild";
 import { execFileSync } from "node:child_process";
 import { chmod, copyFile, cp, mkdir, rm, writeFile, stat } from "node:fs/promises";
-import { SHIPPED_ASSETS } from "../agent/assets.ts";
+import { SHIPPED_ASSETS } from "../lib/assets.ts";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 

@@ -11,8 +11,8 @@ import { cp, mkdir, mkdtemp, readFile, writeFile, readdir } from "node:fs/promis
 import os from "node:os";
 import path from "node:path";
 import { parse, stringify } from "yaml";
-import { createCA, issueCert } from "./lib/pki.ts";
-import { freePort } from "./lib/control-plane.ts";
+import { createCA, issueCert } from "../test/lib/pki.ts";
+import { freePort } from "../test/lib/control-plane.ts";
 import { binaryPackage, buildLayer, startRegistry } from "../test/fixtures/registry.ts";
 
 const REPO = path.resolve(import.meta.dirname, "..");

@@ -13,7 +13,7 @@ import type { Host } from "../agent/host/host.ts";
 import { CommandError } from "../agent/host/host.ts";
 import type { Step, StepContext } from "./types.ts";
 import type { ScriptSpec } from "../bundles/types.ts";
-import { PATHS } from "../agent/converge/paths.ts";
+import { PATHS } from "../bundles/paths.ts";
 
 const RECORDS = PATHS.scripts;
 

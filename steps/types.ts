@@ -1,9 +1,9 @@
 // What a built-in step is: `plan` observes the host and returns the changes it would make
 // (values that print, compare and test); `apply` carries out exactly those changes.
 // A re-run on a converged host plans nothing.
-import type { Logger } from "../agent/log.ts";
+import type { Logger } from "../lib/log/log.ts";
 import type { Host } from "../agent/host/host.ts";
-import type { KubeClient } from "../agent/kube/client.ts";
+import type { KubeClient } from "../lib/kube/client.ts";
 import type { BundleStep, NodeGroupBundle } from "../bundles/types.ts";
 
 interface ChangeBase {

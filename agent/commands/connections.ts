@@ -2,7 +2,7 @@
 // files, plus fallbacks from the last good bundle) and prints them as JSON, secrets included,
 // for the daemon to read over a pipe. The daemon asks a short-lived child for this so that it
 // never loads the YAML parser (about 5 MB of its resident memory).
-import { EXIT, type Command } from "../cli/command.ts";
+import { EXIT, type Command } from "../../lib/cli.ts";
 import { Host } from "../host/host.ts";
 import { clusterConnections } from "../converge/connect.ts";
 import { lastGoodBundle } from "../converge/state.ts";

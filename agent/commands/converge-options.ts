@@ -1,7 +1,7 @@
 // Options shared by the converge commands (run, once, plan).
-import type { OptionSpec, ParsedValues } from "../cli/command.ts";
-import { UsageError } from "../cli/command.ts";
-import type { Logger } from "../log.ts";
+import type { OptionSpec, ParsedValues } from "../../lib/cli.ts";
+import { UsageError } from "../../lib/cli.ts";
+import type { Logger } from "../../lib/log/log.ts";
 import type { ConvergeOptions } from "../converge/converge.ts";
 
 export const CONVERGE_OPTIONS: OptionSpec = {

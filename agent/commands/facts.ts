@@ -1,4 +1,4 @@
-import { EXIT, type Command } from "../cli/command.ts";
+import { EXIT, type Command } from "../../lib/cli.ts";
 import { gatherFacts } from "../facts.ts";
 
 const facts: Command = {

@@ -1,4 +1,4 @@
-import { EXIT, type Command } from "../cli/command.ts";
+import { EXIT, type Command } from "../../lib/cli.ts";
 import { plan, type PlanReport } from "../converge/converge.ts";
 import { CONVERGE_HELP, CONVERGE_OPTIONS, convergeOptions } from "./converge-options.ts";
 

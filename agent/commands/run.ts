@@ -1,11 +1,11 @@
-import { EXIT, UsageError, type Command } from "../cli/command.ts";
+import { EXIT, UsageError, type Command } from "../../lib/cli.ts";
 import { Host } from "../host/host.ts";
 import { agentArgv, Daemon } from "../daemon/daemon.ts";
 import { nodeName } from "../converge/node-name.ts";
 import { resolveBundleFile } from "../converge/source.ts";
 import { CONVERGE_HELP, CONVERGE_OPTIONS, convergeOptions } from "./converge-options.ts";
 import { spawn } from "node:child_process";
-import type { KubeClient } from "../kube/client.ts";
+import type { KubeClient } from "../../lib/kube/client.ts";
 import type { WireConnection } from "./connections.ts";
 
 const PASS_THROUGH = [
@@ -56,7 +56,7 @@ async function connectViaChild(childArgs: string[]): Promise<KubeClient[]> {
       .pop();
     throw new Error(msg ?? `could not resolve cluster credentials (exit ${code})`);
   }
-  const { KubeClient } = await import("../kube/client.ts");
+  const { KubeClient } = await import("../../lib/kube/client.ts");
   const wire = JSON.parse(stdout) as WireConnection[];
   const buf = (s?: string) => (s === undefined ? undefined : Buffer.from(s, "base64"));
   return wire.map(

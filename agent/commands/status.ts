@@ -1,8 +1,8 @@
-import { EXIT, type Command } from "../cli/command.ts";
+import { EXIT, type Command } from "../../lib/cli.ts";
 import { Host } from "../host/host.ts";
 import { readAppliedChecksum, readStatus, type Status } from "../converge/state.ts";
 import { osProfile } from "../converge/converge.ts";
-import { PATHS } from "../converge/paths.ts";
+import { PATHS } from "../../bundles/paths.ts";
 
 interface DaemonState {
   pid: number;

@@ -1,5 +1,5 @@
-import { EXIT, type Command } from "../cli/command.ts";
-import { VERSION } from "../version.ts";
+import { EXIT, type Command } from "../../lib/cli.ts";
+import { VERSION } from "../../lib/version.ts";
 
 const version: Command = {
   summary: "print the agent's version and runtime",

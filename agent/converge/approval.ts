@@ -1,10 +1,10 @@
 // The node side of update approval: before a non-first run changes anything, announce
 // update.node.deckhouse.io/waiting-for-approval and wait until the cluster (the approval
 // controller, or a person) sets update.node.deckhouse.io/approved.
-import type { Logger } from "../log.ts";
-import type { KubeClient } from "../kube/client.ts";
-import { getNode, patchNode } from "../kube/api.ts";
-import { NODE_KEYS } from "./paths.ts";
+import type { Logger } from "../../lib/log/log.ts";
+import type { KubeClient } from "../../lib/kube/client.ts";
+import { getNode, patchNode } from "../../lib/kube/api.ts";
+import { NODE_KEYS } from "../../bundles/names.ts";
 
 export interface ApprovalOptions {
   timeoutMs: number;

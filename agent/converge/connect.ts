@@ -2,10 +2,10 @@
 // through the local API proxy (kubelet.conf, normally https://127.0.0.1:6445), then the same
 // certificate against the API servers the last bundle listed; before the kubelet exists, the
 // bootstrap token and CA that bootstrap.sh left in /var/lib/bashible. Always TLS-verified.
-import { KubeClient } from "../kube/client.ts";
-import { bootstrapConnection, loadKubeconfig, type KubeConnection } from "../kube/kubeconfig.ts";
+import { KubeClient } from "../../lib/kube/client.ts";
+import { bootstrapConnection, loadKubeconfig, type KubeConnection } from "../../lib/kube/kubeconfig.ts";
 import type { Host } from "../host/host.ts";
-import { PATHS } from "./paths.ts";
+import { PATHS } from "../../bundles/paths.ts";
 
 export interface ConnectOptions {
   /** Explicit kubeconfig (a path on this machine, not under --root). */

@@ -1,9 +1,9 @@
 // One converge, start to finish, and the read-only plan. The pieces (source, gate, engine,
 // state, reporter, approval) are small; this file decides their order.
-import type { Logger } from "../log.ts";
+import type { Logger } from "../../lib/log/log.ts";
 import { gatherFacts, readBootId } from "../facts.ts";
 import { Host, type OsProfile } from "../host/host.ts";
-import type { KubeClient } from "../kube/client.ts";
+import type { KubeClient } from "../../lib/kube/client.ts";
 import type { NodeGroupBundle } from "../../bundles/types.ts";
 import { acceptBundle, bundleSecrets, BundleRejectedError, redact } from "./bundle.ts";
 import { clusterClients } from "./connect.ts";
@@ -14,7 +14,8 @@ import { applySteps, DEFAULT_RETRY, planSteps, type BaseContext, type RetryPolic
 import { NodeReporter } from "./node-report.ts";
 import { waitForApproval } from "./approval.ts";
 import { acquireLock } from "./lock.ts";
-import { NODE_KEYS, PATHS } from "./paths.ts";
+import { NODE_KEYS } from "../../bundles/names.ts";
+import { PATHS } from "../../bundles/paths.ts";
 import {
   lastGoodBundle,
   readAppliedChecksum,
@@ -24,7 +25,7 @@ import {
   writeAppliedChecksum,
   type Status,
 } from "./state.ts";
-import { getNode, type KubeObject } from "../kube/api.ts";
+import { getNode, type KubeObject } from "../../lib/kube/api.ts";
 
 export interface ConvergeOptions {
   root: string;

@@ -2,12 +2,12 @@
 // moment and applied; a failure is retried with a fixed interval (bashible: every 2 s, 10
 // times) and then stops the run. Per-step logs go to /var/log/d8/bashible/step.<name>.log.
 import type { Host } from "../host/host.ts";
-import { sleep } from "../sleep.ts";
+import { sleep } from "../../lib/sleep.ts";
 import type { BundleStep, NodeGroupBundle } from "../../bundles/types.ts";
 import type { Change, StepContext } from "../../steps/types.ts";
 import { loadStep } from "../../steps/index.ts";
 import { bundleSecrets, redact } from "./bundle.ts";
-import { stepLogPath } from "./paths.ts";
+import { stepLogPath } from "../../bundles/paths.ts";
 import type { StepStatus } from "./state.ts";
 
 export interface RetryPolicy {

@@ -1,9 +1,9 @@
 // Telling the cluster about this node: Events (BashibleNodeUpdate, BashibleStepFailed,
 // BashibleBundleRejected) and annotations. Reporting never fails a converge: when the API is
 // unreachable the problem is logged and the run goes on.
-import type { Logger } from "../log.ts";
-import type { KubeClient } from "../kube/client.ts";
-import { createEvent, patchNode } from "../kube/api.ts";
+import type { Logger } from "../../lib/log/log.ts";
+import type { KubeClient } from "../../lib/kube/client.ts";
+import { createEvent, patchNode } from "../../lib/kube/api.ts";
 
 export class NodeReporter {
   readonly kube: KubeClient | undefined;

@@ -4,8 +4,8 @@
 import { readFile, readdir, stat } from "node:fs/promises";
 import path from "node:path";
 import { createHash } from "node:crypto";
-import type { KubeClient } from "../kube/client.ts";
-import { KubeStatusError, type KubeError } from "../kube/errors.ts";
+import type { KubeClient } from "../../lib/kube/client.ts";
+import { KubeStatusError, type KubeError } from "../../lib/kube/errors.ts";
 import { API_VERSION } from "../../bundles/types.ts";
 
 export type Fetched = { raw: Buffer; etag?: string; via?: KubeClient } | { notModified: true; via?: KubeClient };

@@ -3,7 +3,7 @@
 import type { Host } from "../host/host.ts";
 import type { NodeGroupBundle } from "../../bundles/types.ts";
 import { acceptBundle } from "./bundle.ts";
-import { KEEP_BUNDLES, PATHS } from "./paths.ts";
+import { KEEP_BUNDLES, PATHS } from "../../bundles/paths.ts";
 
 export type StepOutcome = "changed" | "unchanged" | "failed" | "not-run";
 

@@ -6,15 +6,16 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { watch as fsWatch, type FSWatcher } from "node:fs";
 import { mkdir, readFile, stat, writeFile } from "node:fs/promises";
 import path from "node:path";
-import type { Logger } from "../log.ts";
-import { sleep } from "../sleep.ts";
-import type { KubeClient, WatchEvent } from "../kube/client.ts";
-import type { KubeObject } from "../kube/api.ts";
-import { isForbidden, isGone, isUnauthorized, KubeTLSError } from "../kube/errors.ts";
+import type { Logger } from "../../lib/log/log.ts";
+import { sleep } from "../../lib/sleep.ts";
+import type { KubeClient, WatchEvent } from "../../lib/kube/client.ts";
+import type { KubeObject } from "../../lib/kube/api.ts";
+import { isForbidden, isGone, isUnauthorized, KubeTLSError } from "../../lib/kube/errors.ts";
 import { API_VERSION } from "../../bundles/types.ts";
 import { readBootId } from "../facts.ts";
 import { decide } from "../converge/gate.ts";
-import { NODE_KEYS, PATHS } from "../converge/paths.ts";
+import { NODE_KEYS } from "../../bundles/names.ts";
+import { PATHS } from "../../bundles/paths.ts";
 import { ApiBundleSource, FileBundleSource, type BundleSource } from "../converge/source.ts";
 
 export interface DaemonOptions {
@@ -227,7 +228,7 @@ export class Daemon {
     }
     const kube = this.clients[0];
     if (kube && this.node && applied && this.node.metadata.annotations?.[NODE_KEYS.checksum] !== applied) {
-      const { patchNode } = await import("../kube/api.ts");
+      const { patchNode } = await import("../../lib/kube/api.ts");
       await patchNode(kube, this.o.nodeName, { metadata: { annotations: { [NODE_KEYS.checksum]: applied } } }).catch(
         (err) => this.log.warn(`could not re-assert the checksum annotation: ${(err as Error).message}`),
       );

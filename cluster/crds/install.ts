@@ -2,11 +2,11 @@
 // the API server serves them. Used by tests, the demo and `bashible server --install-crds`.
 import { readFile } from "node:fs/promises";
 import path from "node:path";
-import { asset } from "../../agent/assets.ts";
+import { asset } from "../../lib/assets.ts";
 import { parse } from "yaml";
-import type { KubeClient } from "../../agent/kube/client.ts";
-import { isConflict, isNotFound } from "../../agent/kube/errors.ts";
-import type { KubeObject } from "../../agent/kube/api.ts";
+import type { KubeClient } from "../../lib/kube/client.ts";
+import { isConflict, isNotFound } from "../../lib/kube/errors.ts";
+import type { KubeObject } from "../../lib/kube/api.ts";
 
 export const CRD_FILES = ["nodegroup.yaml", "nodegroupconfiguration.yaml", "nodeuser.yaml"] as const;
 const CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";

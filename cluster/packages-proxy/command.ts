@@ -1,6 +1,6 @@
 // `bashible packages-proxy`: runs the registry-packages proxy (server.ts) until SIGTERM/SIGINT.
 import { readFile } from "node:fs/promises";
-import { UsageError, EXIT, type Command } from "../../agent/cli/command.ts";
+import { UsageError, EXIT, type Command } from "../../lib/cli.ts";
 import { startPackagesProxy } from "./server.ts";
 
 async function readSecret(file: string | undefined, env: string | undefined, what: string): Promise<string> {

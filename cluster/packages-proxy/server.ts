@@ -14,7 +14,7 @@ import https from "node:https";
 import type { AddressInfo } from "node:net";
 import path from "node:path";
 import got, { HTTPError, RequestError } from "got";
-import type { Logger } from "../../agent/log.ts";
+import type { Logger } from "../../lib/log/log.ts";
 import { fsyncDir } from "../../agent/host/host.ts";
 
 export const DIGEST_RE = /^sha256:[0-9a-f]{64}$/;

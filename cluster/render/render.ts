@@ -2,7 +2,7 @@
 // cluster context → the three objects served for that group (nodegroupbundles, bashibles,
 // bootstrap). Pure: same inputs and same update epoch give byte-identical output.
 import { canonicalJson, bundleChecksum } from "../../bundles/checksum.ts";
-import { catalogueSteps, StepNameClashError } from "../../bundles/catalogue.ts";
+import { catalogueSteps, StepNameClashError } from "./catalogue.ts";
 import { API_VERSION, CHECKSUM_ANNOTATION } from "../../bundles/types.ts";
 import type { BundleContext, NodeGroupBundle, NodeUserSpec, RegistryPackageRef } from "../../bundles/types.ts";
 import { RenderError } from "./errors.ts";

@@ -1,14 +1,14 @@
-// Mustache templates from bundles/templates, read once. Rendering never HTML-escapes (these
+// Mustache templates from cluster/render/templates, read once. Rendering never HTML-escapes (these
 // are shell scripts), and a template error becomes a RenderError naming the template.
 import { readFileSync } from "node:fs";
 import path from "node:path";
-import { asset } from "../../agent/assets.ts";
+import { asset } from "../../lib/assets.ts";
 import Mustache from "mustache";
 import { RenderError } from "./errors.ts";
 
-// From the source tree, or the copy a build ships (agent/assets.ts); BASHIBLE_TEMPLATES_DIR
+// From the source tree, or the copy a build ships (lib/assets.ts); BASHIBLE_TEMPLATES_DIR
 // overrides both.
-const DIR = process.env.BASHIBLE_TEMPLATES_DIR ?? asset("bundles/templates");
+const DIR = process.env.BASHIBLE_TEMPLATES_DIR ?? asset("cluster/render/templates");
 const cache = new Map<string, string>();
 
 export function template(name: string): string {

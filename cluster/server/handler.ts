@@ -2,7 +2,7 @@
 // health and metrics. Errors are Kubernetes Status objects, so kubectl prints them well.
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { API_GROUP, API_VERSION } from "../../bundles/types.ts";
-import type { Logger } from "../../agent/log.ts";
+import type { Logger } from "../../lib/log/log.ts";
 import { AuthError, authenticate, inScope, scopeOf, type AuthConfig, type Identity, type Scope } from "./auth.ts";
 import type { Metrics } from "./metrics.ts";
 import { apiGroup, apiGroupList, apiResourceList, isResource, RESOURCES, type ResourceName } from "./resources.ts";

@@ -7,7 +7,7 @@
 import http2 from "node:http2";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { AddressInfo, Socket } from "node:net";
-import type { Logger } from "../../agent/log.ts";
+import type { Logger } from "../../lib/log/log.ts";
 import { createHandler, type HandlerDeps } from "./handler.ts";
 
 export interface ServeOptions extends HandlerDeps {

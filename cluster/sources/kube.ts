@@ -3,10 +3,10 @@
 // d8-cloud-instance-manager/bashible-server-context. Node → group lookups for authorization
 // go to the API with a short cache.
 import { parse } from "yaml";
-import type { KubeClient } from "../../agent/kube/client.ts";
-import { getNode, list, type KubeObject } from "../../agent/kube/api.ts";
-import { isGone, isNotFound } from "../../agent/kube/errors.ts";
-import type { Logger } from "../../agent/log.ts";
+import type { KubeClient } from "../../lib/kube/client.ts";
+import { getNode, list, type KubeObject } from "../../lib/kube/api.ts";
+import { isGone, isNotFound } from "../../lib/kube/errors.ts";
+import type { Logger } from "../../lib/log/log.ts";
 import type {
   ClusterContext,
   NodeGroupConfigurationObject,

@@ -126,7 +126,7 @@ let apiDaemon: Daemon | undefined;
 let cleanup: (() => Promise<void>) | undefined;
 if (!values["skip-api"]) {
   const { startStack } = await import("../../test/fixtures/stack.ts");
-  const api = await import("../../agent/kube/api.ts");
+  const api = await import("../../lib/kube/api.ts");
   const stack = await startStack({ serverLogFile: path.join(work, "server.log") });
   const { cp } = stack;
   cleanup = () => stack.stop();

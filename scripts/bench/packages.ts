@@ -15,7 +15,7 @@ import { rm } from "node:fs/promises";
 import { parseArgs } from "node:util";
 import { Host } from "../../agent/host/host.ts";
 import { osProfile } from "../../agent/converge/converge.ts";
-import { createLogger } from "../../agent/log.ts";
+import { createLogger } from "../../lib/log/log.ts";
 import step, { fetchPolicy } from "../../steps/registry-packages.ts";
 import type { RegistryPackageRef } from "../../bundles/types.ts";
 import { makeBundle, sandbox } from "../../test/fixtures/bundle.ts";

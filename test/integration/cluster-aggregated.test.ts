@@ -5,10 +5,10 @@ import { withControlPlane } from "../fixtures/control-plane.ts";
 import { registerBundleServer } from "../fixtures/bundle-server.ts";
 import { spawn } from "node:child_process";
 import path from "node:path";
-import { KubeClient } from "../../agent/kube/client.ts";
-import { loadKubeconfig } from "../../agent/kube/kubeconfig.ts";
-import { KubeStatusError } from "../../agent/kube/errors.ts";
-import { getSecret, list } from "../../agent/kube/api.ts";
+import { KubeClient } from "../../lib/kube/client.ts";
+import { loadKubeconfig } from "../../lib/kube/kubeconfig.ts";
+import { KubeStatusError } from "../../lib/kube/errors.ts";
+import { getSecret, list } from "../../lib/kube/api.ts";
 import { ensureGroupToken, TOKEN_TTL_MS } from "../../cluster/bootstrap-secrets.ts";
 import { writeChecksums } from "../../cluster/checksums.ts";
 

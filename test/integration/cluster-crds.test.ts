@@ -3,7 +3,7 @@
 import t from "tap";
 import { withControlPlane } from "../fixtures/control-plane.ts";
 import { installCrds } from "../../cluster/crds/install.ts";
-import { KubeStatusError } from "../../agent/kube/errors.ts";
+import { KubeStatusError } from "../../lib/kube/errors.ts";
 
 const cp = await withControlPlane(t);
 await installCrds(cp.admin);

@@ -7,9 +7,9 @@ import path from "node:path";
 import { startStack } from "../fixtures/stack.ts";
 import { bashible, bashibleDaemon, waitFor } from "../fixtures/cli.ts";
 import { sandbox } from "../fixtures/bundle.ts";
-import { freePort } from "../../scripts/lib/control-plane.ts";
-import { createCA } from "../../scripts/lib/pki.ts";
-import * as api from "../../agent/kube/api.ts";
+import { freePort } from "../lib/control-plane.ts";
+import { createCA } from "../lib/pki.ts";
+import * as api from "../../lib/kube/api.ts";
 
 const stack = await startStack();
 t.teardown(() => stack.stop());

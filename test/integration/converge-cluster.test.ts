@@ -6,7 +6,7 @@ import path from "node:path";
 import { withControlPlane } from "../fixtures/control-plane.ts";
 import { bashible, waitFor } from "../fixtures/cli.ts";
 import { makeBundle, sandbox, script, writeBundle } from "../fixtures/bundle.ts";
-import * as api from "../../agent/kube/api.ts";
+import * as api from "../../lib/kube/api.ts";
 
 const cp = await withControlPlane(t);
 const admin = cp.admin;

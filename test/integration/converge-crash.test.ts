@@ -9,7 +9,7 @@ import os from "node:os";
 import path from "node:path";
 import { MAIN, bashible } from "../fixtures/cli.ts";
 import { makeBundle, sandbox, script } from "../fixtures/bundle.ts";
-import { createCA } from "../../scripts/lib/pki.ts";
+import { createCA } from "../lib/pki.ts";
 import type { BundleStep } from "../../bundles/types.ts";
 
 const KILLS = Number(process.env.BASHIBLE_CRASH_KILLS ?? 100);

@@ -3,8 +3,8 @@
 import t from "tap";
 import { createServer as createTcpServer, type Server } from "node:net";
 import { withControlPlane } from "../fixtures/control-plane.ts";
-import { KubeClient } from "../../agent/kube/client.ts";
-import { loadKubeconfig, bootstrapConnection, KubeconfigError } from "../../agent/kube/kubeconfig.ts";
+import { KubeClient } from "../../lib/kube/client.ts";
+import { loadKubeconfig, bootstrapConnection, KubeconfigError } from "../../lib/kube/kubeconfig.ts";
 import {
   KubeRefusedError,
   KubeStatusError,
@@ -12,10 +12,10 @@ import {
   KubeTLSError,
   isConflict,
   isForbidden,
-} from "../../agent/kube/errors.ts";
-import * as api from "../../agent/kube/api.ts";
-import { freePort } from "../../scripts/lib/control-plane.ts";
-import { createCA } from "../../scripts/lib/pki.ts";
+} from "../../lib/kube/errors.ts";
+import * as api from "../../lib/kube/api.ts";
+import { freePort } from "../lib/control-plane.ts";
+import { createCA } from "../lib/pki.ts";
 import { mkdtemp, writeFile, readFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";

@@ -9,9 +9,9 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { startProxyFixture, withProxy } from "../fixtures/packages-proxy.ts";
 import { startPackagesProxy } from "../../cluster/packages-proxy/server.ts";
-import { createLogger } from "../../agent/log.ts";
+import { createLogger } from "../../lib/log/log.ts";
 import { buildLayer, binaryPackage, randomish, sha256 } from "../fixtures/registry.ts";
-import { freePort } from "../../scripts/lib/control-plane.ts";
+import { freePort } from "../lib/control-plane.ts";
 
 const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
 const f = await withProxy(t);

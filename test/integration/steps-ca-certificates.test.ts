@@ -4,7 +4,7 @@ import t from "tap";
 import { mkdtemp, readFile, readlink, readdir, writeFile, mkdir, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
-import { createCA } from "../../scripts/lib/pki.ts";
+import { createCA } from "../lib/pki.ts";
 import { OS_RELEASE, stepEnv, type StepEnv } from "../fixtures/steps.ts";
 import { treeHash } from "../fixtures/bundle.ts";
 import step, { InvalidCertificateError, PREFIX } from "../../steps/ca-certificates.ts";

@@ -8,7 +8,7 @@ import { OS_RELEASE, stepEnv, type StepEnv } from "../fixtures/steps.ts";
 import { treeHash } from "../fixtures/bundle.ts";
 import step, { MARKER, SUDOERS_DROP_IN } from "../../steps/node-users.ts";
 import type { BundleStep, NodeUserSpec } from "../../bundles/types.ts";
-import type { KubeClient } from "../../agent/kube/client.ts";
+import type { KubeClient } from "../../lib/kube/client.ts";
 import { SANDBOX_ACTIONS_LOG } from "../../agent/host/host.ts";
 import { installCrds } from "../../cluster/crds/install.ts";
 

@@ -22,7 +22,7 @@ import step, {
 } from "../../steps/registry-packages.ts";
 import type { BundleStep, RegistryPackageRef } from "../../bundles/types.ts";
 import type { PackageChange } from "../../steps/types.ts";
-import { freePort } from "../../scripts/lib/control-plane.ts";
+import { freePort } from "../lib/control-plane.ts";
 
 const execFileP = promisify(execFile);
 Object.assign(fetchPolicy, { attempts: 2, baseDelayMs: 20, maxDelayMs: 50, idleTimeoutMs: 5000 });

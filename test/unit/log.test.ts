@@ -1,9 +1,9 @@
 import t from "tap";
 import { spawnSync } from "node:child_process";
-import { prettyLine } from "../../agent/log.ts";
+import { prettyLine } from "../../lib/log/log.ts";
 
 const script = (format: string) => `
-import { createLogger } from "${new URL("../../agent/log.ts", import.meta.url).pathname}";
+import { createLogger } from "${new URL("../../lib/log/log.ts", import.meta.url).pathname}";
 const log = createLogger({ format: "${format}" });
 log.info({ token: "s3cr3t-token", headers: { authorization: "Bearer s3cr3t" }, user: { passwordHash: "$6$hash" }, step: "kubelet" }, "step done");
 `;

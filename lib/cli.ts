@@ -1,7 +1,7 @@
 // The shape every `bashible <command>` module has. main.ts loads a command's module only
 // when that command runs, so the resident daemon never pays for code it does not use.
 import type { ParseArgsConfig } from "node:util";
-import type { Logger } from "../log.ts";
+import type { Logger } from "./log/log.ts";
 
 /** Exit codes are a contract: scripts and systemd act on them. */
 export const EXIT = { ok: 0, error: 1, changesPending: 2 } as const;

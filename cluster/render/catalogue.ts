@@ -2,7 +2,7 @@
 // order, and how custom NodeGroupConfiguration scripts join them. The renderer (cluster/render)
 // validates its inputs and hands this module plain values; the output is the `steps` list of a
 // NodeGroupBundle (bundles/types.ts), ordered by name.
-import type { BundleStep, NodeUserSpec, RegistryPackageRef } from "./types.ts";
+import type { BundleStep, NodeUserSpec, RegistryPackageRef } from "../../bundles/types.ts";
 
 export interface CatalogueInput {
   users: NodeUserSpec[];

@@ -10,9 +10,9 @@ import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
-import { KubeClient } from "../../agent/kube/client.ts";
-import { loadKubeconfig } from "../../agent/kube/kubeconfig.ts";
-import { createSecret } from "../../agent/kube/api.ts";
+import { KubeClient } from "../../lib/kube/client.ts";
+import { loadKubeconfig } from "../../lib/kube/kubeconfig.ts";
+import { createSecret } from "../../lib/kube/api.ts";
 import { createCA, createKeyPair, issueCert, type CertFiles } from "./pki.ts";
 
 const execFileP = promisify(execFile);

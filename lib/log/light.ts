@@ -1,9 +1,9 @@
 // The resident daemon's logger: the same JSON lines as pino (level label, time, msg, fields;
 // the same redaction), in a few lines of code. Measured: pino costs the resident process
 // about 4 MB RSS (docs/benchmarks.md); the daemon logs a handful of lines an hour, so it does
-// without. Commands and the converge child use pino (agent/log.ts).
+// without. Commands and the converge child use pino (lib/log/log.ts).
 import type { Logger } from "pino";
-import { prettyLine, REDACT_KEYS } from "./log-format.ts";
+import { prettyLine, REDACT_KEYS } from "./format.ts";
 
 const LEVELS = { trace: 10, debug: 20, info: 30, warn: 40, error: 50, fatal: 60 } as const;
 type Level = keyof typeof LEVELS;

@@ -1,7 +1,7 @@
 // One logger for the whole agent: pino JSON lines (journald keeps them as-is) or, on a
 // terminal, a compact human form. Secrets are redacted here, where they enter the log.
 import { pino, type Logger, type DestinationStream } from "pino";
-import { prettyLine, REDACT_KEYS } from "./log-format.ts";
+import { prettyLine, REDACT_KEYS } from "./format.ts";
 
 export type { Logger };
 export type LogFormat = "json" | "pretty";

@@ -1,0 +1,45 @@
+// Names other systems read: Node annotations and labels, Event reasons, the namespace and
+// Secrets of the cluster side. Deckhouse's names, so its controllers, dashboards and runbooks
+// keep working.
+
+export const NAMESPACE = "d8-cloud-instance-manager";
+
+export const SECRETS = {
+  checksums: "configuration-checksums",
+  /** Deckhouse's name for the server's context; key input.yaml. */
+  context: "bashible-apiserver-context",
+  contextKey: "input.yaml",
+  /** Accepted as well: the name this project used before it took Deckhouse's. */
+  legacyContext: "bashible-server-context",
+  legacyContextKey: "context.yaml",
+  manualBootstrapPrefix: "manual-bootstrap-for-",
+} as const;
+
+/** Annotations and labels on Nodes. */
+export const NODE_KEYS = {
+  checksum: "node.deckhouse.io/configuration-checksum",
+  group: "node.deckhouse.io/group",
+  nodeType: "node.deckhouse.io/type",
+  waitingForApproval: "update.node.deckhouse.io/waiting-for-approval",
+  approved: "update.node.deckhouse.io/approved",
+  disruptionRequired: "update.node.deckhouse.io/disruption-required",
+  disruptionApproved: "update.node.deckhouse.io/disruption-approved",
+  rollingUpdate: "update.node.deckhouse.io/rolling-update",
+  draining: "update.node.deckhouse.io/draining",
+  drained: "update.node.deckhouse.io/drained",
+  reboot: "update.node.deckhouse.io/reboot",
+  fencingEnabled: "node-manager.deckhouse.io/fencing-enabled",
+  fencingMode: "node-manager.deckhouse.io/fencing-mode",
+  fencingDisable: "node-manager.deckhouse.io/fencing-disable",
+  /** Taint the kubelet registers with until the first converge finished. */
+  uninitializedTaint: "node.deckhouse.io/bashible-uninitialized",
+  firstRunFinished: "node.deckhouse.io/bashible-first-run-finished",
+} as const;
+
+/** Event reasons the agent and the controllers write. */
+export const EVENTS = {
+  stepFailed: "BashibleStepFailed",
+  nodeUpdate: "BashibleNodeUpdate",
+  bundleRejected: "BashibleBundleRejected",
+  earlyOomKilled: "EarlyOOMKilled",
+} as const;

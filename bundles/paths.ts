@@ -1,0 +1,67 @@
+// Node paths: where the agent keeps its state and where the built-in steps write. Deckhouse's
+// names wherever Deckhouse has one, so its tools, docs and cleanup script keep working. Both
+// sides read this file: the agent and steps to act, the renderer to write the bootstrap and
+// cleanup scripts.
+export const STATE_DIR = "/var/lib/bashible";
+
+export const PATHS = {
+  stateDir: STATE_DIR,
+  /** Last applied checksum; `rm` it to force a full run (as in Deckhouse). */
+  configurationChecksum: `${STATE_DIR}/configuration_checksum`,
+  firstRun: `${STATE_DIR}/first_run`,
+  bootstrapToken: `${STATE_DIR}/bootstrap-token`,
+  bootstrapCA: `${STATE_DIR}/ca.crt`,
+  bootstrapScript: `${STATE_DIR}/bootstrap.sh`,
+  cleanupScript: `${STATE_DIR}/cleanup_static_node.sh`,
+  status: `${STATE_DIR}/status.json`,
+  /** The last applied bundles, newest kept: bundles/<checksum>.json. */
+  bundles: `${STATE_DIR}/bundles`,
+  /** Each custom script's last success (content hash, boot id, epoch): scripts/<step>.json. */
+  scripts: `${STATE_DIR}/scripts`,
+  /** Deckhouse's flag directory: bb-flag-set writes here, the engine reads it. */
+  flags: `${STATE_DIR}/.bb-workspace/flag`,
+  /** Files corrupt state was moved to (`<name>.corrupt-<time>`), kept for a person to read. */
+  corrupt: `${STATE_DIR}/corrupt`,
+  /** Under a sandbox root, what would have reached the real machine (restarts, reboots). */
+  sandboxActions: `${STATE_DIR}/sandbox-actions.log`,
+  lock: "/var/lock/bashible",
+  /** The daemon's pid and schedule, for `bashible status` (tmpfs on a node). */
+  daemon: "/run/bashible/daemon.json",
+  logDir: "/var/log/d8/bashible",
+  kubeletKubeconfig: "/etc/kubernetes/kubelet.conf",
+  kubeletClientPem: "/var/lib/kubelet/pki/kubelet-client-current.pem",
+  clusterCA: "/etc/kubernetes/pki/ca.crt",
+  /** Deckhouse's bin directory, put on PATH by 004_add_deckhouse_paths. */
+  binDir: "/opt/deckhouse/bin",
+  /** Deckhouse's TMPDIR for steps. */
+  tmpDir: "/opt/deckhouse/tmp",
+  /** Installed registry packages: <pkg>/{digest,install,uninstall}. */
+  packageStore: "/var/cache/registrypackages",
+  /** Downloads in flight and verified archives awaiting install. */
+  packageDownloads: "/opt/deckhouse/tmp/registrypackages",
+} as const;
+
+export const stepLogPath = (step: string) => `${PATHS.logDir}/step.${step}.log`;
+
+export const KEEP_BUNDLES = 10;
+
+/** NodeUsers: Deckhouse's layout and ownership marker, also what cleanup_static_node.sh removes. */
+export const NODE_USERS = {
+  /** GECOS of every account this agent (or Deckhouse) created; nothing else is ever changed. */
+  marker: "created by deckhouse",
+  homeBase: "/home/deckhouse",
+  primaryGid: 100,
+  shell: "/bin/bash",
+  sudoGroup: "nodeadmin",
+  sudoersDropIn: "/etc/sudoers.d/30-deckhouse-nodeadmins",
+} as const;
+
+/** Where each family's login shells pick up the PATH drop-in. ALT Linux reads both. */
+export const PROFILE_DROP_INS = {
+  debian: ["/etc/profile.d/02-deckhouse-path.sh"],
+  rhel: ["/etc/profile.d/02-deckhouse-path.sh"],
+  altlinux: ["/etc/profile.d/02-deckhouse-path.sh", "/etc/bashrc.d/02-deckhouse-path.sh"],
+} as const;
+
+/** Every PATH drop-in any family gets: what cleanup removes. */
+export const ALL_PROFILE_DROP_INS = [...new Set(Object.values(PROFILE_DROP_INS).flat())].sort();
