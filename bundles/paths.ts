@@ -65,3 +65,27 @@ export const PROFILE_DROP_INS = {
 
 /** Every PATH drop-in any family gets: what cleanup removes. */
 export const ALL_PROFILE_DROP_INS = [...new Set(Object.values(PROFILE_DROP_INS).flat())].sort();
+
+/** What cleanup_static_node.sh removes: everything the agent, containerd and the kubelet put on a node. */
+export const CLEANUP_PATHS = [
+  PATHS.packageStore,
+  "/etc/kubernetes",
+  "/var/lib/kubelet",
+  "/var/lib/containerd",
+  "/var/lib/cni",
+  "/var/lib/etcd",
+  "/var/lib/deckhouse",
+  "/etc/cni",
+  "/etc/containerd",
+  "/opt/cni",
+  "/opt/containerd",
+  "/opt/deckhouse",
+  "/var/log/kube-audit",
+  "/var/log/pods",
+  "/var/log/containers",
+  "/var/log/containerd",
+  "/var/log/d8",
+  NODE_USERS.homeBase,
+  ...ALL_PROFILE_DROP_INS,
+  NODE_USERS.sudoersDropIn,
+];

@@ -29,7 +29,7 @@ async function inClusterConnection(): Promise<KubeConnection> {
 
 /** Standalone without given certificates: a CA, a serving certificate and an admin client certificate. */
 async function selfSigned(certDir: string, hosts: string[]) {
-  const { createCA, issueCert } = await import("../test/lib/pki.ts");
+  const { createCA, issueCert } = await import("../lib/pki.ts");
   await mkdir(certDir, { recursive: true, mode: 0o700 });
   const ca = await createCA(certDir, "ca", "bashible-server-ca");
   const dnsNames = hosts.filter((h) => !/^[\d.]+$|:/.test(h));

@@ -1,12 +1,13 @@
-// CACertificates: the bundle's CA certificates are in the OS trust store, and the ones this
-// agent added earlier (recognised by the file name prefix) that the bundle no longer lists are
-// gone. Where the store lives and how it is refreshed is per-family data (TRUST_STORES).
+// CACertificates (003_install_ca_certificates): the bundle's CA certificates are in the OS trust
+// store, and the ones this agent added earlier (recognised by the file name prefix) that the
+// bundle no longer lists are gone. Where the store lives and how it is refreshed is
+// per-family data (TRUST_STORES); the refresh command planned is exactly the one applied.
 import { X509Certificate } from "node:crypto";
 import type { BundleFamily } from "../bundles/os-families.ts";
-import type { CACertificatesSpec } from "../bundles/types.ts";
 import type { Host } from "../agent/host/host.ts";
-import { applyFileChange, planAbsent, planFile } from "../agent/host/file-plan.ts";
-import type { Change, CommandChange, FileChange, Step } from "./types.ts";
+import { planAbsent, planFile } from "../agent/host/file-plan.ts";
+import { RefusedError } from "../lib/errors.ts";
+import type { CommandChange, Primitive, Problem, Step } from "./types.ts";
 
 /** File name prefix of every certificate this step owns; nothing else is ever removed. */
 export const PREFIX = "bashible-";
@@ -14,7 +15,7 @@ export const PREFIX = "bashible-";
 export interface TrustStore {
   /** Directory the refresh command reads local anchors from. */
   anchors: string;
-  /** The refresh command (node paths; made root-aware by `refreshArgv`). */
+  /** The refresh command on a real root. */
   refresh: string[];
   /** Directories the refresh writes into (made when missing, e.g. in a fresh sandbox tree). */
   outputs?: string[];
@@ -36,16 +37,16 @@ export const TRUST_STORES: Record<BundleFamily, TrustStore> = {
   altlinux: { anchors: "/etc/pki/ca-trust/source/anchors", refresh: ["update-ca-trust"] },
 };
 
-const NAME_RE = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
-
 /** A certificate that is not one; the message says which and why. */
-export class InvalidCertificateError extends Error {
+export class InvalidCertificateError extends RefusedError {
   override name = "InvalidCertificateError";
 }
 
+const BLOCKS = /-----BEGIN CERTIFICATE-----[\s\S]*?-----END CERTIFICATE-----/g;
+
 /** Checks every PEM block parses as an X.509 certificate; returns the normalised PEM text. */
 export function validateCertificate(name: string, pem: string): string {
-  const blocks = pem.match(/-----BEGIN CERTIFICATE-----[\s\S]*?-----END CERTIFICATE-----/g) ?? [];
+  const blocks = pem.match(BLOCKS) ?? [];
   if (blocks.length === 0) {
     throw new InvalidCertificateError(
       `CACertificates: certificate '${name}' is not PEM: no '-----BEGIN CERTIFICATE-----' block found`,
@@ -66,7 +67,7 @@ export function validateCertificate(name: string, pem: string): string {
 
 /** One line per certificate: subject, expiry, SHA-256 fingerprint (for plans). */
 export function describeCertificates(pem: string): string {
-  const blocks = pem.match(/-----BEGIN CERTIFICATE-----[\s\S]*?-----END CERTIFICATE-----/g) ?? [];
+  const blocks = pem.match(BLOCKS) ?? [];
   if (blocks.length === 0) return "(no certificate)";
   return blocks
     .map((b) => {
@@ -81,7 +82,7 @@ export function describeCertificates(pem: string): string {
     .join("\n");
 }
 
-/** The refresh argv for this host: against a sandbox tree where the tool supports it. */
+/** The refresh argv for this host: against a sandbox tree where the tool supports it; undefined when it cannot. */
 export function refreshArgv(host: Host): string[] | undefined {
   const store = TRUST_STORES[host.os.family];
   if (!host.sandbox) return store.refresh;
@@ -104,67 +105,67 @@ export function refreshArgv(host: Host): string[] | undefined {
   return undefined;
 }
 
-async function plan(spec: CACertificatesSpec, host: Host): Promise<Change[]> {
-  const store = TRUST_STORES[host.os.family];
-  const changes: Change[] = [];
-  const wanted = new Set<string>();
-  let stale = false;
-  for (const c of spec.certificates) {
-    if (!NAME_RE.test(c.name))
-      throw new InvalidCertificateError(`CACertificates: invalid certificate name '${c.name}'`);
-    const file = `${PREFIX}${c.name}.crt`;
-    if (wanted.has(file)) throw new InvalidCertificateError(`CACertificates: certificate '${c.name}' is listed twice`);
-    wanted.add(file);
-    const change = await planFile(host, {
-      path: `${store.anchors}/${file}`,
-      content: validateCertificate(c.name, c.pem),
-      mode: 0o644,
-    });
-    if (change) {
-      // A base64 diff tells a reader nothing: say which certificates, before and after.
-      if (change.diff) {
-        const before = change.action === "update" ? describeCertificates((await host.readText(change.path)) ?? "") : "";
-        change.diff = `${before ? `- ${before.split("\n").join("\n- ")}\n` : ""}+ ${describeCertificates(String(change.content)).split("\n").join("\n+ ")}`;
-      }
-      changes.push(change);
-    } else if (store.installedMark && !(await host.exists(store.installedMark(file)))) stale = true;
-  }
-  for (const name of await host.listDir(store.anchors)) {
-    if (!name.startsWith(PREFIX) || wanted.has(name)) continue;
-    const gone = await planAbsent(host, `${store.anchors}/${name}`);
-    if (gone) changes.push({ ...gone, summary: `remove CA certificate ${name} (no longer in the bundle)` });
-  }
-  if (changes.length > 0 || stale) {
-    const refresh: CommandChange = {
-      kind: "command",
-      argv: store.refresh,
-      summary: `refresh the trust store: ${store.refresh.join(" ")}${stale ? " (an earlier refresh did not finish)" : ""}`,
-    };
-    changes.push(refresh);
-  }
-  return changes;
-}
-
 const step: Step<"CACertificates"> = {
   kind: "CACertificates",
-  plan: (spec, host) => plan(spec, host),
-  async apply(changes, _spec, host, ctx) {
-    for (const c of changes) {
-      if (c.kind === "file") {
-        if (c.action !== "delete") await host.mkdir(TRUST_STORES[host.os.family].anchors, { mode: 0o755 });
-        await applyFileChange(host, c as FileChange);
-      } else if (c.kind === "command") {
-        const argv = refreshArgv(host);
-        for (const dir of TRUST_STORES[host.os.family].outputs ?? []) {
-          if (!(await host.exists(dir))) await host.mkdir(dir, { mode: 0o755 });
-        }
-        if (argv) await host.mustRun(argv, { logFile: ctx.logFile });
-        else await host.recordSandboxAction(c.argv.join(" "));
-      } else {
-        throw new Error(`CACertificates: unexpected change kind ${c.kind}`);
+  async plan(spec, host) {
+    const store = TRUST_STORES[host.os.family];
+    const changes: Primitive[] = [];
+    const problems: Problem[] = [];
+    const wanted = new Set<string>();
+    let stale = false;
+    for (const c of spec.certificates) {
+      const file = `${PREFIX}${c.name}.crt`;
+      wanted.add(file);
+      let content: string;
+      try {
+        content = validateCertificate(c.name, c.pem);
+      } catch (err) {
+        // One bad certificate must not keep the others out of the trust store.
+        problems.push({ subject: `certificate ${c.name}`, message: (err as Error).message });
+        continue;
       }
+      const change = await planFile(host, { path: `${store.anchors}/${file}`, content, mode: 0o644 });
+      if (change) {
+        // A base64 diff tells a reader nothing: say which certificates, before and after.
+        if (change.diff && !change.diff.startsWith("(")) {
+          const before =
+            change.action === "update" ? describeCertificates((await host.readText(change.path)) ?? "") : "";
+          change.diff = `${before ? `- ${before.split("\n").join("\n- ")}\n` : ""}+ ${describeCertificates(content).split("\n").join("\n+ ")}`;
+        }
+        changes.push(change);
+      } else if (store.installedMark && !(await host.exists(store.installedMark(file)))) stale = true;
     }
-    return undefined;
+    for (const name of await host.listDir(store.anchors)) {
+      if (!name.startsWith(PREFIX) || wanted.has(name)) continue;
+      const gone = await planAbsent(host, `${store.anchors}/${name}`);
+      if (gone) changes.push({ ...gone, summary: `remove CA certificate ${name} (no longer in the bundle)` });
+    }
+    if (changes.length > 0 || stale) {
+      const why = stale ? " (an earlier refresh did not finish)" : "";
+      const argv = refreshArgv(host);
+      for (const dir of store.outputs ?? []) {
+        if (!(await host.exists(dir))) {
+          changes.push({
+            kind: "dir",
+            path: dir,
+            action: "create",
+            mode: 0o755,
+            uid: 0,
+            gid: 0,
+            summary: `create ${dir}`,
+          });
+        }
+      }
+      const refresh: CommandChange = {
+        kind: "command",
+        // update-ca-trust has no root option: in a sandbox tree the refresh is recorded.
+        argv: argv ?? store.refresh,
+        ...(argv ? {} : { recordInSandbox: true }),
+        summary: `refresh the trust store: ${store.refresh.join(" ")}${why}`,
+      };
+      changes.push(refresh);
+    }
+    return { changes, problems };
   },
 };
 

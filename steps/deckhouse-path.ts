@@ -1,57 +1,35 @@
-// DeckhousePath: /opt/deckhouse/bin exists and login shells find it on PATH, exactly once,
-// through a profile drop-in (ALT Linux reads /etc/bashrc.d, the others /etc/profile.d).
-import type { BundleFamily } from "../bundles/os-families.ts";
-import { applyFileChange, planFile } from "../agent/host/file-plan.ts";
-import type { Change, DirChange, Step } from "./types.ts";
+// DeckhousePath (004_add_deckhouse_paths): /opt/deckhouse/bin exists and login shells find it
+// first on PATH, exactly once, through a profile drop-in (ALT Linux reads both /etc/profile.d
+// and /etc/bashrc.d). As in Deckhouse the directory is prepended, so the binaries registry
+// packages install win over the distribution's, and the drop-in is executable.
+import { PATHS, PROFILE_DROP_INS } from "../bundles/paths.ts";
+import { planDir, planFile } from "../agent/host/file-plan.ts";
+import type { Primitive, Step } from "./types.ts";
 
-export const BIN_DIR = "/opt/deckhouse/bin";
-
-/** Where each family's shells pick up drop-ins. */
-export const PROFILE_DROP_IN: Record<BundleFamily, string> = {
-  debian: "/etc/profile.d/02-deckhouse-path.sh",
-  rhel: "/etc/profile.d/02-deckhouse-path.sh",
-  altlinux: "/etc/bashrc.d/02-deckhouse-path.sh",
-};
+const BIN_DIR = PATHS.binDir;
 
 // POSIX sh: sourced by sh, bash, dash and zsh alike. The case guard keeps PATH free of
 // duplicates however many times the file is read (nested shells, su -, sudo -i).
-export const PROFILE_CONTENT = `# Managed by bashible (DeckhousePath step): puts ${BIN_DIR} on PATH once.
+export const PROFILE_CONTENT = `# Managed by bashible (004_add_deckhouse_paths): puts ${BIN_DIR} first on PATH, once.
 case ":\${PATH}:" in
   *:${BIN_DIR}:*) ;;
-  *) export PATH="\${PATH:+\${PATH}:}${BIN_DIR}" ;;
+  *) export PATH="${BIN_DIR}\${PATH:+:\${PATH}}" ;;
 esac
 `;
 
 const step: Step<"DeckhousePath"> = {
   kind: "DeckhousePath",
   async plan(_spec, host) {
-    const changes: Change[] = [];
+    const changes: Primitive[] = [];
     for (const dir of ["/opt/deckhouse", BIN_DIR]) {
-      const st = await host.stat(dir);
-      if (st?.isDirectory && st.mode === 0o755 && st.uid === 0 && st.gid === 0) continue;
-      if (st && !st.isDirectory) throw new Error(`DeckhousePath: ${dir} exists and is not a directory`);
-      const c: DirChange = {
-        kind: "dir",
-        path: dir,
-        action: st ? "update" : "create",
-        mode: 0o755,
-        uid: 0,
-        gid: 0,
-        summary: st ? `set ${dir} to 0755 root:root` : `create ${dir} (0755)`,
-      };
-      changes.push(c);
+      const c = await planDir(host, dir, { mode: 0o755 });
+      if (c) changes.push(c);
     }
-    const file = await planFile(host, { path: PROFILE_DROP_IN[host.os.family], content: PROFILE_CONTENT, mode: 0o644 });
-    if (file) changes.push(file);
-    return changes;
-  },
-  async apply(changes, _spec, host) {
-    for (const c of changes) {
-      if (c.kind === "dir") await host.mkdir(c.path, { mode: c.mode, uid: c.uid ?? 0, gid: c.gid ?? 0 });
-      else if (c.kind === "file") await applyFileChange(host, c);
-      else throw new Error(`DeckhousePath: unexpected change kind ${c.kind}`);
+    for (const file of PROFILE_DROP_INS[host.os.family]) {
+      const c = await planFile(host, { path: file, content: PROFILE_CONTENT, mode: 0o755 });
+      if (c) changes.push(c);
     }
-    return undefined;
+    return { changes, problems: [] };
   },
 };
 

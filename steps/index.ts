@@ -1,11 +1,12 @@
-// The step catalogue: bundle step kind → module. Modules load on demand, so a converge only
-// loads the steps its bundle names.
-import type { StepKind } from "../bundles/types.ts";
-import type { Step } from "./types.ts";
+// Step kind → module. Modules load on demand, so a converge only loads the steps its bundle
+// names. Each kind's spec schema is in bundles/specs.ts.
+import type { SpecOf, StepKind } from "../bundles/types.ts";
+import type { Host } from "../agent/host/host.ts";
+import type { Change, OwnChange, Plan, Problem, ServiceDecl, Step, StepContext } from "./types.ts";
 
-type Loader<K extends StepKind> = () => Promise<{ default: Step<K> }>;
+type Modules = { [K in StepKind]: () => Promise<{ default: Step<K, Change> }> };
 
-export const STEPS: Partial<{ [K in StepKind]: Loader<K> }> = {
+export const STEPS: Modules = {
   NodeUsers: () => import("./node-users.ts"),
   CACertificates: () => import("./ca-certificates.ts"),
   DeckhousePath: () => import("./deckhouse-path.ts"),
@@ -13,8 +14,29 @@ export const STEPS: Partial<{ [K in StepKind]: Loader<K> }> = {
   Script: () => import("./script.ts"),
 };
 
-export async function loadStep<K extends StepKind>(kind: K): Promise<Step<K>> {
-  const load = STEPS[kind] as Loader<K> | undefined;
-  if (!load) throw new Error(`unknown step kind '${kind}'`);
-  return (await load()).default;
+/** A step bound to its spec: what the engine drives, without casts. */
+export interface BoundStep {
+  kind: StepKind;
+  plan(host: Host, ctx: StepContext): Promise<Plan<Change>>;
+  applyOwn(change: OwnChange, host: Host, ctx: StepContext): Promise<void>;
+  services(host: Host): ServiceDecl[];
+  secrets(): string[];
+  report(problems: Problem[], ctx: StepContext): Promise<void>;
+}
+
+export async function bindStep<K extends StepKind>(kind: K, spec: SpecOf<K>): Promise<BoundStep> {
+  const impl = (await STEPS[kind]()).default;
+  return {
+    kind,
+    plan: (host, ctx) => impl.plan(spec, host, ctx),
+    async applyOwn(change, host, ctx) {
+      if (!impl.applyOwn) throw new Error(`step kind ${kind} planned a '${change.kind}' change it cannot apply`);
+      await impl.applyOwn(change, spec, host, ctx);
+    },
+    services: (host) => impl.services?.(spec, host) ?? [],
+    secrets: () => impl.secrets?.(spec) ?? [],
+    async report(problems, ctx) {
+      await impl.report?.(problems, spec, ctx);
+    },
+  };
 }

@@ -1,26 +1,36 @@
-// NodeUsers: the node's local accounts match the cluster's NodeUser objects. Users this agent
-// manages carry the GECOS marker "created by deckhouse" (Deckhouse's own marker, so its users
-// are adopted); only marked users are ever modified or removed, and a name or uid that clashes
-// with an unmarked account is reported, never overwritten. One user's failure does not stop
-// the others or fail the step: it becomes a warning and `status.errors[<node>]` on its NodeUser.
+// NodeUsers (000_add_node_users): the node's local accounts match the cluster's NodeUser
+// objects. Users this agent manages carry the GECOS marker "created by deckhouse" (Deckhouse's
+// own marker, so its users are adopted); only marked users are ever modified or removed.
 //
-// Accounts are changed with the shadow tools (useradd/usermod/userdel/groupadd, `--prefix` for
-// a sandbox tree); the password hash is a secret: it never appears in a plan, a log line, an
-// error or a step log (on a real root it goes to `chpasswd -e` on stdin).
+// A NodeUser owns its home: nothing in it is trusted. Files there are written through the
+// host's confined walk (no link is ever followed), and a home whose .ssh or authorized_keys is
+// a link, or not what it should be, is a problem for that user and left alone. Every user's
+// changes are isolated: one failing user is reported (NodeUser status.errors[<node>]) and the
+// others go on. Privilege comes only from isSudoer: extraGroups that grant root are refused.
+//
+// Accounts are changed with the shadow tools (`--prefix` under a sandbox root). The password
+// hash is a secret: it never appears in a plan, an argv, a log line or an error; it reaches
+// `chpasswd -e` on stdin at apply time.
 import type { NodeUserSpec } from "../bundles/types.ts";
-import { CommandError, type Host } from "../agent/host/host.ts";
-import { applyFileChange, planFile } from "../agent/host/file-plan.ts";
-import type { Change, CommandChange, DirChange, FileChange, Step, StepContext, UserChange } from "./types.ts";
+import { NODE_USERS } from "../bundles/paths.ts";
+import { PRIVILEGED_GROUPS } from "../bundles/rules.ts";
+import type { Host } from "../agent/host/host.ts";
+import { planDir, planFile } from "../agent/host/file-plan.ts";
+import type { Primitive, Problem, Step, StepContext, UserChange } from "./types.ts";
 
-export const MARKER = "created by deckhouse";
-export const HOME_BASE = "/home/deckhouse";
-export const PRIMARY_GID = 100;
-export const SHELL = "/bin/bash";
-export const SUDO_GROUP = "nodeadmin";
-export const SUDOERS_DROP_IN = "/etc/sudoers.d/30-deckhouse-nodeadmins";
-export const SUDOERS_CONTENT = `# Managed by bashible (NodeUsers step): NodeUsers with isSudoer.\n%${SUDO_GROUP} ALL=(ALL) ALL\n`;
+const {
+  marker: MARKER,
+  homeBase: HOME_BASE,
+  primaryGid: PRIMARY_GID,
+  shell: SHELL,
+  sudoGroup: SUDO_GROUP,
+} = NODE_USERS;
+export const SUDOERS_DROP_IN = NODE_USERS.sudoersDropIn;
+export const SUDOERS_CONTENT = `# Managed by bashible (000_add_node_users): NodeUsers with isSudoer.\n%${SUDO_GROUP} ALL=(ALL) ALL\n`;
 const INCLUDEDIR_RE = /^\s*[#@]includedir\s+\/etc\/sudoers\.d\/?\s*$/m;
-const NAME_RE = /^[a-z_][a-z0-9_-]{0,31}$/;
+const VISUDO_CHECK = ["visudo", "-c", "-q", "-f", "{}"];
+/** Stands for the password hash in a planned argv; apply fills it in from the spec. */
+const PASSWORD_PLACEHOLDER = "<password hash>";
 
 interface PasswdEntry {
   name: string;
@@ -28,18 +38,11 @@ interface PasswdEntry {
   gid: number;
   gecos: string;
   home: string;
-  shell: string;
-}
-
-interface GroupEntry {
-  name: string;
-  gid: number;
-  members: string[];
 }
 
 interface Accounts {
   passwd: PasswdEntry[];
-  groups: GroupEntry[];
+  groups: { name: string; gid: number; members: string[] }[];
   /** name → password field of /etc/shadow (a secret: compared, never shown). */
   shadow: Map<string, string>;
 }
@@ -64,7 +67,6 @@ async function readAccounts(host: Host): Promise<Accounts> {
       gid: Number(f[3]),
       gecos: f[4] ?? "",
       home: f[5] ?? "",
-      shell: f[6] ?? "",
     })),
     groups: parseColonFile(group).map((f) => ({
       name: f[0] ?? "",
@@ -75,90 +77,86 @@ async function readAccounts(host: Host): Promise<Accounts> {
   };
 }
 
+/** Groups the sudoers files grant (`%group ...`): membership there is root. */
+async function sudoGroups(host: Host): Promise<Set<string>> {
+  const out = new Set<string>();
+  const files = ["/etc/sudoers", ...(await host.listDir("/etc/sudoers.d")).map((f) => `/etc/sudoers.d/${f}`)];
+  for (const f of files) {
+    const text = await host.readText(f).catch(() => undefined);
+    for (const m of text?.matchAll(/^\s*%([A-Za-z0-9_.-]+)\s/gm) ?? []) out.add(m[1] as string);
+  }
+  return out;
+}
+
 const homeOf = (name: string) => `${HOME_BASE}/${name}`;
 const isMarked = (p: PasswdEntry) => p.gecos === MARKER || p.gecos.startsWith(`${MARKER},`);
 /** What /etc/shadow should hold: the hash, or "*" (no password login; ssh keys still work). */
 const wantedPassword = (u: NodeUserSpec) => u.passwordHash || "*";
 const authorizedKeys = (u: NodeUserSpec) => (u.sshPublicKeys.length ? `${u.sshPublicKeys.join("\n")}\n` : "");
+const subject = (name: string) => `NodeUser ${name}`;
 
-/** Data a user change carries to apply: never the hash itself. */
-type UserData = {
-  uid?: number;
-  groups?: string[];
-  setGroups?: boolean;
-  setPassword?: boolean;
-  error?: string;
-};
-
-function userChange(action: UserChange["action"], name: string, summary: string, data: UserData): UserChange {
-  return { kind: "user", action, name, summary, data };
-}
-
-/** Ownership of a change: the user it belongs to, or undefined for node-wide changes. */
-function ownerOf(c: Change): string | undefined {
-  if (c.kind === "user") return c.name;
-  if ((c.kind === "file" || c.kind === "dir") && c.path.startsWith(`${HOME_BASE}/`)) {
-    return c.path.slice(HOME_BASE.length + 1).split("/")[0];
-  }
-  return undefined;
-}
-
-function validateUser(u: NodeUserSpec, groups: Set<string>): string | undefined {
-  if (!NAME_RE.test(u.name)) return `'${u.name}' is not a valid user name`;
+function checkUser(u: NodeUserSpec, groups: Set<string>, privileged: Set<string>): string | undefined {
+  // The bundle's schema refuses these already; a step never trusts a spec it did not check.
   if (!Number.isInteger(u.uid) || u.uid <= 1000) {
     return `uid ${u.uid} refused: uids up to 1000 belong to the system and the OS installer's users; use 1001 or more (1100+ recommended)`;
   }
-  for (const k of u.sshPublicKeys) if (k.includes("\n")) return "an SSH public key contains a line break";
-  if (u.passwordHash?.includes(":") || u.passwordHash?.includes("\n"))
-    return "passwordHash is not in /etc/shadow format";
   const missing = u.extraGroups.filter((g) => !groups.has(g));
   if (missing.length) return `extraGroups ${missing.join(", ")} do not exist on this node`;
+  if (!u.isSudoer) {
+    const root = u.extraGroups.filter((g) => privileged.has(g));
+    if (root.length) {
+      return `extraGroups ${root.join(", ")} grant root on this node; only isSudoer may do that (the user is left unchanged)`;
+    }
+  }
   return undefined;
 }
 
-async function planSshFiles(host: Host, u: NodeUserSpec, gid: number): Promise<Change[]> {
-  const changes: Change[] = [];
-  const dir = `${homeOf(u.name)}/.ssh`;
-  const st = await host.stat(dir);
-  if (!st?.isDirectory || st.mode !== 0o700 || st.uid !== u.uid || st.gid !== gid) {
-    const c: DirChange = {
-      kind: "dir",
-      path: dir,
-      action: st ? "update" : "create",
-      mode: 0o700,
-      uid: u.uid,
-      gid,
-      summary: st ? `set ${dir} to 0700 ${u.uid}:${gid}` : `create ${dir} (0700, ${u.uid}:${gid})`,
-    };
-    changes.push(c);
+/** ~/.ssh and authorized_keys, planned through the confined walk; a link there is a problem. */
+async function planSshFiles(host: Host, u: NodeUserSpec, gid: number): Promise<Primitive[] | string> {
+  const home = homeOf(u.name);
+  const dir = `${home}/.ssh`;
+  const file = `${dir}/authorized_keys`;
+  for (const p of [home, dir, file]) {
+    const st = await host.stat(p);
+    if (st?.isSymlink) {
+      return `${p} is a symbolic link (to ${await host.fs.readLink(p)}); left alone: remove it and the next run rewrites it`;
+    }
+    if (st && p !== file && !st.isDirectory) return `${p} is not a directory; left alone`;
+    if (st && p === file && !st.isFile) return `${p} is not a regular file; left alone`;
   }
-  const file = await planFile(host, {
-    path: `${dir}/authorized_keys`,
-    content: authorizedKeys(u),
-    mode: 0o600,
-    uid: u.uid,
-    gid,
-  });
-  if (file) changes.push(file);
+  const changes: Primitive[] = [];
+  const d = await planDir(host, dir, { mode: 0o700, uid: u.uid, gid });
+  if (d) changes.push(d);
+  const f = await planFile(host, { path: file, content: authorizedKeys(u), mode: 0o600, uid: u.uid, gid });
+  if (f) changes.push(f);
   return changes;
 }
 
-async function plan(spec: { users: NodeUserSpec[] }, host: Host): Promise<Change[]> {
+async function plan(spec: { users: NodeUserSpec[] }, host: Host) {
   const acc = await readAccounts(host);
-  const changes: Change[] = [];
+  const changes: (Primitive | UserChange)[] = [];
+  const problems: Problem[] = [];
+  const prefix = host.sandbox ? ["--prefix", host.root] : [];
   const groupNames = new Set(acc.groups.map((g) => g.name));
 
-  // Node-wide: the sudo group, its sudoers drop-in, and sudoers reading the drop-in directory.
+  // Node-wide: the sudo group, its sudoers drop-in, sudoers reading the drop-in directory,
+  // and a home base nobody but root controls.
   if (!groupNames.has(SUDO_GROUP)) {
-    const c: CommandChange = {
+    changes.push({
       kind: "command",
-      argv: ["groupadd", "--system", SUDO_GROUP],
+      argv: ["groupadd", ...prefix, "--system", SUDO_GROUP],
       summary: `create group ${SUDO_GROUP}`,
-    };
-    changes.push(c);
+    });
     groupNames.add(SUDO_GROUP);
   }
-  const dropIn = await planFile(host, { path: SUDOERS_DROP_IN, content: SUDOERS_CONTENT, mode: 0o440 });
+  const sudoersD = await planDir(host, "/etc/sudoers.d", { mode: 0o750 });
+  if (sudoersD && sudoersD.action === "create") changes.push(sudoersD);
+  const dropIn = await planFile(host, {
+    path: SUDOERS_DROP_IN,
+    content: SUDOERS_CONTENT,
+    mode: 0o440,
+    check: VISUDO_CHECK,
+  });
   if (dropIn) changes.push(dropIn);
   const sudoers = await host.readText("/etc/sudoers");
   if (sudoers !== undefined && !INCLUDEDIR_RE.test(sudoers)) {
@@ -167,18 +165,22 @@ async function plan(spec: { users: NodeUserSpec[] }, host: Host): Promise<Change
       path: "/etc/sudoers",
       content: `${sudoers}${sudoers.endsWith("\n") || !sudoers ? "" : "\n"}#includedir /etc/sudoers.d\n`,
       mode: st?.mode ?? 0o440,
+      check: VISUDO_CHECK,
     });
     if (add) changes.push({ ...add, summary: "add '#includedir /etc/sudoers.d' to /etc/sudoers" });
   }
+  const homeBase = await planDir(host, HOME_BASE, { mode: 0o755 });
+  if (homeBase) changes.push(homeBase);
 
+  const privileged = new Set([...PRIVILEGED_GROUPS, ...(await sudoGroups(host))]);
   const primary = acc.groups.find((g) => g.gid === PRIMARY_GID);
   const listed = new Set<string>();
   for (const u of spec.users) {
     listed.add(u.name);
-    const report = (error: string) =>
-      changes.push(userChange("update", u.name, `NodeUser ${u.name}: ${error} (reported, nothing changed)`, { error }));
+    const isolate = subject(u.name);
+    const report = (message: string) => problems.push({ subject: isolate, message });
     const invalid =
-      validateUser(u, groupNames) ?? (primary ? undefined : `no group with gid ${PRIMARY_GID} on this node`);
+      checkUser(u, groupNames, privileged) ?? (primary ? undefined : `no group with gid ${PRIMARY_GID} on this node`);
     if (invalid) {
       report(invalid);
       continue;
@@ -190,10 +192,42 @@ async function plan(spec: { users: NodeUserSpec[] }, host: Host): Promise<Change
       continue;
     }
     const groups = [...new Set([...u.extraGroups, ...(u.isSudoer ? [SUDO_GROUP] : [])])].sort();
+    // On "/" the hash goes to chpasswd on stdin; chpasswd has no --prefix, so under a sandbox
+    // root usermod -p takes it in argv (a test tree's machine, not a node). Either way the plan
+    // holds a placeholder, filled in from the spec at apply time.
+    const setPassword = host.sandbox
+      ? { argv: ["usermod", ...prefix, "-p", PASSWORD_PLACEHOLDER, u.name], stdin: "password" as const }
+      : { argv: ["chpasswd", "-e"], stdin: "password" as const };
     if (!byName) {
-      const summary = `create user ${u.name} (uid ${u.uid}, home ${homeOf(u.name)}${groups.length ? `, groups ${groups.join(",")}` : ""}${u.passwordHash ? ", password hash set" : ""})`;
-      changes.push(userChange("create", u.name, summary, { uid: u.uid, groups, setGroups: true, setPassword: true }));
-      changes.push(...(await planSshFiles(host, u, PRIMARY_GID)));
+      const useradd = [
+        "useradd",
+        ...prefix,
+        "--uid",
+        String(u.uid),
+        "--gid",
+        String(PRIMARY_GID),
+        "--home-dir",
+        homeOf(u.name),
+        "--create-home",
+        "--shell",
+        SHELL,
+        "--comment",
+        MARKER,
+        ...(groups.length ? ["--groups", groups.join(",")] : []),
+        u.name,
+      ];
+      const user: UserChange = {
+        kind: "user",
+        action: "create",
+        name: u.name,
+        isolate,
+        summary: `create user ${u.name} (uid ${u.uid}, home ${homeOf(u.name)}${groups.length ? `, groups ${groups.join(",")}` : ""}${u.passwordHash ? ", password hash set" : ""})`,
+        commands: [{ argv: useradd }, setPassword],
+      };
+      changes.push(user);
+      const ssh = await planSshFiles(host, u, PRIMARY_GID);
+      if (typeof ssh === "string") report(ssh);
+      else changes.push(...ssh.map((c) => ({ ...c, isolate })));
       continue;
     }
     if (!isMarked(byName)) {
@@ -210,58 +244,54 @@ async function plan(spec: { users: NodeUserSpec[] }, host: Host): Promise<Change
       );
       continue;
     }
+    const ssh = await planSshFiles(host, u, byName.gid);
+    if (typeof ssh === "string") {
+      report(ssh);
+      continue;
+    }
     const current = acc.groups
       .filter((g) => g.members.includes(u.name))
       .map((g) => g.name)
       .sort();
     const notes: string[] = [];
-    const setGroups = current.join(",") !== groups.join(",");
-    if (setGroups) notes.push(`groups ${current.join(",") || "(none)"} → ${groups.join(",") || "(none)"}`);
-    const setPassword = acc.shadow.get(u.name) !== wantedPassword(u);
-    if (setPassword) notes.push(u.passwordHash ? "password hash changes" : "password login removed");
-    if (notes.length) {
-      changes.push(
-        userChange("update", u.name, `update user ${u.name}: ${notes.join("; ")}`, {
-          uid: u.uid,
-          groups,
-          setGroups,
-          setPassword,
-        }),
-      );
+    const commands: UserChange["commands"] = [];
+    if (current.join(",") !== groups.join(",")) {
+      notes.push(`groups ${current.join(",") || "(none)"} → ${groups.join(",") || "(none)"}`);
+      commands.push({ argv: ["usermod", ...prefix, "--groups", groups.join(","), u.name] });
     }
-    changes.push(...(await planSshFiles(host, u, byName.gid)));
+    if (acc.shadow.get(u.name) !== wantedPassword(u)) {
+      notes.push(u.passwordHash ? "password hash changes" : "password login removed");
+      commands.push(setPassword);
+    }
+    if (commands.length) {
+      changes.push({
+        kind: "user",
+        action: "update",
+        name: u.name,
+        isolate,
+        summary: `update user ${u.name}: ${notes.join("; ")}`,
+        commands,
+      });
+    }
+    changes.push(...ssh.map((c) => ({ ...c, isolate })));
   }
 
   for (const p of acc.passwd) {
     if (listed.has(p.name) || !isMarked(p) || p.uid <= 1000) continue;
-    changes.push(userChange("delete", p.name, `remove user ${p.name} (uid ${p.uid}) and ${p.home}`, { uid: p.uid }));
+    changes.push({
+      kind: "user",
+      action: "delete",
+      name: p.name,
+      isolate: subject(p.name),
+      summary: `remove user ${p.name} (uid ${p.uid}) and ${p.home}`,
+      killUid: p.uid,
+      commands: [{ argv: ["userdel", ...prefix, "--remove", p.name] }],
+    });
   }
-  return changes;
+  return { changes, problems };
 }
 
-// ---- apply ----
-
-const prefix = (host: Host) => (host.sandbox ? ["--prefix", host.root] : []);
-
-/** Runs a shadow tool; the message of a failure never carries `secret`. */
-async function tool(host: Host, argv: string[], ctx: StepContext, secret?: string): Promise<void> {
-  const r = await host.run(argv, secret ? {} : { logFile: ctx.logFile });
-  if (r.exitCode === 0) return;
-  const shown = secret ? argv.map((a) => (a === secret ? "(redacted)" : a)) : argv;
-  const out = (r.stderr || r.stdout).trim();
-  throw new CommandError(shown, { ...r, stdout: "", stderr: secret ? out.split(secret).join("(redacted)") : out });
-}
-
-async function setPassword(host: Host, u: NodeUserSpec, ctx: StepContext): Promise<void> {
-  const hash = wantedPassword(u);
-  if (host.sandbox) return tool(host, ["usermod", ...prefix(host), "-p", hash, u.name], ctx, hash);
-  // On a real root the hash goes through stdin, not argv (argv is world-readable in /proc).
-  const r = await host.run(["chpasswd", "-e"], { input: `${u.name}:${hash}\n` });
-  if (r.exitCode !== 0) {
-    throw new CommandError(["chpasswd", "-e"], { ...r, stderr: r.stderr.split(hash).join("(redacted)"), stdout: "" });
-  }
-}
-
+/** A removed user's processes go first, so nothing of theirs races userdel through their home. */
 async function killProcesses(host: Host, name: string, uid: number, ctx: StepContext): Promise<void> {
   if (host.sandbox) {
     ctx.log.info({ user: name }, "sandbox: not killing the user's processes (the uid is the real machine's)");
@@ -276,76 +306,6 @@ async function killProcesses(host: Host, name: string, uid: number, ctx: StepCon
   throw new Error(`processes of user ${name} (uid ${uid}) survive SIGKILL`);
 }
 
-async function applyUser(host: Host, ctx: StepContext, c: UserChange, spec: NodeUserSpec | undefined): Promise<void> {
-  const data = (c.data ?? {}) as UserData;
-  if (data.error) throw new Error(data.error);
-  if (c.action === "delete") {
-    await killProcesses(host, c.name, data.uid ?? -1, ctx);
-    await tool(host, ["userdel", ...prefix(host), "--remove", c.name], ctx);
-    return;
-  }
-  if (!spec) throw new Error(`no NodeUser ${c.name} in the spec`);
-  const groups = data.groups ?? [];
-  if (c.action === "create") {
-    await host.mkdir(HOME_BASE, { mode: 0o755 });
-    await tool(
-      host,
-      [
-        "useradd",
-        ...prefix(host),
-        "--uid",
-        String(spec.uid),
-        "--gid",
-        String(PRIMARY_GID),
-        "--home-dir",
-        homeOf(spec.name),
-        "--create-home",
-        "--shell",
-        SHELL,
-        "--comment",
-        MARKER,
-        ...(groups.length ? ["--groups", groups.join(",")] : []),
-        spec.name,
-      ],
-      ctx,
-    );
-  } else if (data.setGroups) {
-    await tool(host, ["usermod", ...prefix(host), "--groups", groups.join(","), spec.name], ctx);
-  }
-  if (data.setPassword) await setPassword(host, spec, ctx);
-}
-
-async function validateSudoers(host: Host, c: FileChange): Promise<void> {
-  const r = await host.run(["visudo", "-c", "-q", "-f", "-"], { input: c.content ?? "" });
-  if (r.exitCode !== 0) {
-    throw new Error(`${c.path}: visudo refuses the new content, not installed: ${(r.stderr || r.stdout).trim()}`);
-  }
-}
-
-async function applyChange(host: Host, ctx: StepContext, c: Change, spec: { users: NodeUserSpec[] }): Promise<void> {
-  switch (c.kind) {
-    case "user":
-      return applyUser(
-        host,
-        ctx,
-        c,
-        spec.users.find((u) => u.name === c.name),
-      );
-    case "command":
-      return tool(host, [c.argv[0] as string, ...prefix(host), ...c.argv.slice(1)], ctx);
-    case "dir":
-      return host.mkdir(c.path, { mode: c.mode, uid: c.uid ?? 0, gid: c.gid ?? 0 });
-    case "file":
-      if (c.path === SUDOERS_DROP_IN || c.path === "/etc/sudoers") {
-        await validateSudoers(host, c);
-        if (c.path === SUDOERS_DROP_IN) await host.mkdir("/etc/sudoers.d", { mode: 0o750 });
-      }
-      return applyFileChange(host, c);
-    default:
-      throw new Error(`NodeUsers: unexpected change kind ${c.kind}`);
-  }
-}
-
 /** Writes (or clears) this node's entry in NodeUser status.errors; never fails the step. */
 async function reportStatus(ctx: StepContext, name: string, error: string | null): Promise<void> {
   if (!ctx.kube) return;
@@ -358,39 +318,30 @@ async function reportStatus(ctx: StepContext, name: string, error: string | null
   }
 }
 
-const step: Step<"NodeUsers"> = {
+const step: Step<"NodeUsers", Primitive | UserChange> = {
   kind: "NodeUsers",
   plan: (spec, host) => plan(spec, host),
-  async apply(changes, spec, host, ctx) {
-    // Node-wide changes first; a failure there fails the step (the runtime retries).
-    for (const c of changes.filter((c) => ownerOf(c) === undefined)) await applyChange(host, ctx, c, spec);
-    const byUser = new Map<string, Change[]>();
-    for (const c of changes) {
-      const owner = ownerOf(c);
-      if (owner !== undefined) byUser.set(owner, [...(byUser.get(owner) ?? []), c]);
-    }
-    const warnings: string[] = [];
-    const created: string[] = [];
-    const updated: string[] = [];
-    const removed: string[] = [];
-    const failed: string[] = [];
-    for (const [name, userChanges] of byUser) {
-      const listed = spec.users.some((u) => u.name === name);
-      try {
-        for (const c of userChanges) await applyChange(host, ctx, c, spec);
-        const action = userChanges.find((c) => c.kind === "user")?.action;
-        (action === "create" ? created : action === "delete" ? removed : updated).push(name);
-        ctx.log.info({ user: name, action: action ?? "update" }, "node user converged");
-        if (listed) await reportStatus(ctx, name, null);
-      } catch (err) {
-        const msg = (err as Error).message;
-        failed.push(name);
-        warnings.push(`NodeUser ${name}: ${msg}`);
-        ctx.log.warn({ user: name, err: msg }, "node user failed; the others go on");
-        if (listed) await reportStatus(ctx, name, msg);
+  async applyOwn(c, spec, host, ctx) {
+    if (c.killUid !== undefined) await killProcesses(host, c.name, c.killUid, ctx);
+    const user = spec.users.find((u) => u.name === c.name);
+    for (const cmd of c.commands) {
+      if (cmd.stdin === "password") {
+        if (!user) throw new Error(`no NodeUser ${c.name} in the spec`);
+        const hash = wantedPassword(user);
+        const argv = cmd.argv.map((a) => (a === PASSWORD_PLACEHOLDER ? hash : a));
+        const input = argv.includes(hash) ? undefined : `${user.name}:${hash}\n`;
+        await host.mustRun(argv, { ...(input ? { input } : {}), secrets: [hash], logFile: ctx.logFile });
+      } else {
+        await host.mustRun(cmd.argv, { logFile: ctx.logFile });
       }
     }
-    return { outputs: { created, updated, removed, failed }, ...(warnings.length ? { warnings } : {}) };
+  },
+  secrets: (spec) => spec.users.flatMap((u) => (u.passwordHash ? [u.passwordHash] : [])),
+  async report(problems, spec, ctx) {
+    for (const u of spec.users) {
+      const mine = problems.filter((p) => p.subject === subject(u.name)).map((p) => p.message);
+      await reportStatus(ctx, u.name, mine.length ? mine.join("; ") : null);
+    }
   },
 };
 

@@ -1,48 +1,53 @@
-// RegistryPackages: install, upgrade and remove registry packages (OCI layers holding
-// `install`, `uninstall` and payload) so that /var/cache/registrypackages/<pkg>/digest matches
-// the bundle. Packages are fetched through the cluster's registry-packages proxy over TLS
-// verified against the cluster CA, and the sha256 of the bytes received is checked before an
-// archive is ever renamed into place; a killed or truncated download leaves nothing usable.
+// RegistryPackages (007_fetch_registry_packages): install, upgrade and remove registry packages
+// (OCI images whose last layer holds `install`, `uninstall` and payload) so that
+// /var/cache/registrypackages/<pkg>/digest matches the bundle.
 //
-// Package contract (docs/steps.md): the layer is a gzipped tar with executable-or-not bash
-// scripts `install` and `uninstall` at its root. `install` runs with cwd = the unpacked layer and
-// env D8_ROOT (the root prefix: "" on a real node, the sandbox directory otherwise; scripts
-// write to "$D8_ROOT/opt/deckhouse/bin/…"), PACKAGE_NAME, PACKAGE_DIGEST, PACKAGE_DIR (the
-// unpacked layer, real path). `uninstall` runs with cwd = /var/cache/registrypackages/<pkg> and
-// the same env. Both must be idempotent; a non-zero exit fails the step.
+// The digest names the package's image manifest, as in Deckhouse. The registry-packages proxy
+// streams the last layer and sends the manifest beside it (header X-Package-Manifest); the node
+// verifies the chain: the manifest's bytes hash to the digest asked for, and the layer's bytes
+// hash to the digest the manifest names. Nothing unverified is ever renamed into place.
+//
+// Only packages this agent installed (marked `installed-by` in their store directory) are ever
+// uninstalled; packages another tool put there (Deckhouse's own bashible, say) are left alone.
+// A package's scripts run only from directories the agent created, root-owned, reached without
+// links.
+//
+// Package contract (docs/steps.md): `install` runs with cwd = the unpacked layer and env
+// D8_ROOT (the root prefix: "" on a real node), PACKAGE_NAME, PACKAGE_DIGEST, PACKAGE_DIR;
+// `uninstall` runs with cwd = the store directory and the same env. Both must be idempotent.
 import { createHash } from "node:crypto";
 import got, { HTTPError, RequestError } from "got";
 import type { RegistryPackageRef } from "../bundles/types.ts";
+import { PATHS } from "../bundles/paths.ts";
+import { DIGEST } from "../bundles/rules.ts";
+import { RefusedError } from "../lib/errors.ts";
 import type { Host } from "../agent/host/host.ts";
-import type { Change, PackageChange, Step, StepContext } from "./types.ts";
+import { planDir } from "../agent/host/file-plan.ts";
+import type { PackageChange, Primitive, Step, StepContext } from "./types.ts";
 
-export const STORE = "/var/cache/registrypackages";
-export const DOWNLOADS = "/opt/deckhouse/tmp/registrypackages";
+export const STORE = PATHS.packageStore;
+export const DOWNLOADS = PATHS.packageDownloads;
+/** Written in a package's store directory when this agent installed it. */
+export const OWNER_FILE = "installed-by";
+const OWNER = "bashible\n";
+export const MANIFEST_HEADER = "x-package-manifest";
 
-/** Fetch policy; tests and benchmarks shorten the delays. */
+/** Fetch policy; tests and benchmarks shorten the timeouts. One pass over the endpoints per attempt. */
 export const fetchPolicy = {
-  /** Rounds over all endpoints. */
-  attempts: 10,
-  baseDelayMs: 1000,
-  maxDelayMs: 30_000,
   /** Downloads at once. */
   concurrency: 4,
   connectTimeoutMs: 10_000,
-  /** No byte for this long = a network error (retried). */
+  /** No byte for this long = a network error. */
   idleTimeoutMs: 60_000,
   installTimeoutMs: 10 * 60_000,
 };
 
-const NAME_RE = /^[a-z0-9][a-z0-9._-]*$/;
-const DIGEST_RE = /^sha256:[0-9a-f]{64}$/;
-const RETRY_STATUS = new Set([408, 429, 500, 502, 503, 504]);
-
-/** Bytes received do not hash to the digest asked for. */
+/** Bytes received do not hash to the digest expected (manifest or layer). */
 export class PackageDigestError extends Error {
   override name = "PackageDigestError";
 }
 
-/** Every endpoint failed on every attempt (or refused for good: 401/403/404). */
+/** Every endpoint failed. */
 export class PackageFetchError extends Error {
   override name = "PackageFetchError";
 }
@@ -54,39 +59,41 @@ export class PackageInstallError extends Error {
 
 const short = (d: string | undefined) => (d ? d.slice(0, 19) : "(none)");
 const hexOf = (digest: string) => digest.slice("sha256:".length);
+const sha256 = (b: Buffer) => `sha256:${createHash("sha256").update(b).digest("hex")}`;
 
-function validate(pkgs: RegistryPackageRef[]): void {
-  const seen = new Set<string>();
-  for (const p of pkgs) {
-    if (!NAME_RE.test(p.name)) throw new Error(`RegistryPackages: invalid package name '${p.name}'`);
-    if (!DIGEST_RE.test(p.digest)) {
-      throw new Error(`RegistryPackages: package ${p.name}: digest must be sha256:<64 hex>, got '${p.digest}'`);
-    }
-    if (seen.has(p.name)) throw new Error(`RegistryPackages: package ${p.name} is listed twice`);
-    seen.add(p.name);
-  }
-}
-
-async function installedDigest(host: Host, name: string): Promise<string | undefined> {
+export async function installedDigest(host: Host, name: string): Promise<string | undefined> {
   return (await host.readText(`${STORE}/${name}/digest`))?.trim() || undefined;
 }
 
-async function plan(spec: { packages: RegistryPackageRef[] }, host: Host): Promise<Change[]> {
-  validate(spec.packages);
-  const changes: PackageChange[] = [];
-  const listed = new Set(spec.packages.map((p) => p.name));
-  for (const name of await host.listDir(STORE)) {
-    if (listed.has(name) || !(await host.stat(`${STORE}/${name}`))?.isDirectory) continue;
-    const current = await installedDigest(host, name);
-    changes.push({
-      kind: "package",
-      action: "remove",
-      name,
-      ...(current ? { digest: current } : {}),
-      summary: `remove package ${name} ${short(current)} (runs its uninstall)`,
-    });
+async function ownedByUs(host: Host, name: string): Promise<boolean> {
+  return (await host.readText(`${STORE}/${name}/${OWNER_FILE}`).catch(() => undefined)) === OWNER;
+}
+
+export async function planPackages(
+  packages: RegistryPackageRef[],
+  host: Host,
+  o: { removeUnlisted: boolean },
+): Promise<(Primitive | PackageChange)[]> {
+  const changes: (Primitive | PackageChange)[] = [];
+  const store = await planDir(host, STORE, { mode: 0o755 });
+  if (store) changes.push(store);
+  const listed = new Set(packages.map((p) => p.name));
+  if (o.removeUnlisted) {
+    for (const name of await host.listDir(STORE)) {
+      if (listed.has(name) || !(await host.stat(`${STORE}/${name}`))?.isDirectory) continue;
+      if (!(await ownedByUs(host, name))) continue; // another tool's package: not ours to remove
+      const current = await installedDigest(host, name);
+      changes.push({
+        kind: "package",
+        action: "remove",
+        name,
+        ...(current ? { digest: current } : {}),
+        isolate: `package ${name}`,
+        summary: `remove package ${name} ${short(current)} (runs its uninstall)`,
+      });
+    }
   }
-  for (const p of spec.packages) {
+  for (const p of packages) {
     const current = await installedDigest(host, p.name);
     if (current === p.digest) continue;
     changes.push({
@@ -94,6 +101,7 @@ async function plan(spec: { packages: RegistryPackageRef[] }, host: Host): Promi
       action: current ? "upgrade" : "install",
       name: p.name,
       digest: p.digest,
+      repository: p.repository,
       summary: current
         ? `upgrade package ${p.name} ${short(current)} → ${short(p.digest)} from ${p.repository}`
         : `install package ${p.name} ${short(p.digest)} from ${p.repository}`,
@@ -112,20 +120,29 @@ async function* verify(source: AsyncIterable<Buffer>, digest: string, where: str
   }
   const got = `sha256:${hash.digest("hex")}`;
   if (got !== digest) {
-    throw new PackageDigestError(`${where}: the ${bytes} bytes received hash to ${got}, not ${digest}; refused`);
+    throw new PackageDigestError(
+      `${where}: the ${bytes} layer bytes received hash to ${got}, not ${digest} (the manifest's layer); refused`,
+    );
   }
 }
 
-async function drain(it: AsyncIterable<unknown>): Promise<void> {
-  for await (const _ of it) {
-    // only the checksum at the end matters
+/** The layer digest a verified manifest names (its last layer). */
+export function layerOf(manifestBytes: Buffer, digest: string, where: string): string {
+  const actual = sha256(manifestBytes);
+  if (actual !== digest) {
+    throw new PackageDigestError(`${where}: the manifest received hashes to ${actual}, not ${digest}; refused`);
   }
-}
-
-function retryable(err: unknown): boolean {
-  if (err instanceof PackageDigestError) return true;
-  if (err instanceof HTTPError) return RETRY_STATUS.has(err.response.statusCode);
-  return err instanceof RequestError; // network errors, resets, premature close, timeouts
+  let layers: { digest?: unknown }[] | undefined;
+  try {
+    layers = (JSON.parse(manifestBytes.toString("utf8")) as { layers?: { digest?: unknown }[] }).layers;
+  } catch {
+    throw new PackageDigestError(`${where}: the manifest is not JSON`);
+  }
+  const last = layers?.[layers.length - 1]?.digest;
+  if (typeof last !== "string" || !DIGEST.test(last)) {
+    throw new PackageDigestError(`${where}: the manifest names no layer (an image index? packages are single images)`);
+  }
+  return last;
 }
 
 function describe(err: unknown): string {
@@ -141,93 +158,91 @@ function describe(err: unknown): string {
   return (err as Error).message;
 }
 
-/** Downloads and verifies one package; returns the node path of the verified archive. */
-async function fetchPackage(host: Host, ctx: StepContext, ref: RegistryPackageRef): Promise<string> {
-  const archive = `${DOWNLOADS}/${ref.name}/${hexOf(ref.digest)}.tar.gz`;
-  // Temp files of a download that was killed (they never carry the archive's name): litter only.
-  for (const entry of await host.listDir(`${DOWNLOADS}/${ref.name}`)) {
-    if (entry.startsWith(".")) await host.remove(`${DOWNLOADS}/${ref.name}/${entry}`);
-  }
-  if (await host.exists(archive)) {
-    // Left by an earlier run that failed to install; only ever renamed into place verified,
-    // but check again: it sits on a disk anyone with root can write.
-    try {
-      await drain(verify(host.readStream(archive), ref.digest, archive));
-      ctx.log.debug({ package: ref.name }, "reusing verified download");
-      return archive;
-    } catch {
-      await host.remove(archive);
-    }
-  }
-  const { endpoints, token } = ctx.bundle.context.packagesProxy;
+export interface FetchContext {
+  log: StepContext["log"];
+  signal?: AbortSignal;
+  proxy: { endpoints: string[]; token: string; ca: string };
+}
+
+/** Downloads and verifies one package (manifest, then layer); returns the archive's node path. */
+export async function fetchPackage(host: Host, ctx: FetchContext, ref: RegistryPackageRef): Promise<string> {
+  const dir = `${DOWNLOADS}/${ref.name}`;
+  const archive = `${dir}/${hexOf(ref.digest)}.tar.gz`;
+  // Leftovers of killed or failed runs: only ever renamed into place verified, but the layer
+  // digest is not kept beside them, so they are fetched again rather than trusted.
+  for (const entry of await host.listDir(dir)) await host.remove(`${dir}/${entry}`, { recursive: true });
+  const { endpoints, token, ca } = ctx.proxy;
   if (endpoints.length === 0) {
-    throw new PackageFetchError(`package ${ref.name}: the bundle names no registry-packages proxy endpoints`);
+    throw new RefusedError(`package ${ref.name}: the bundle names no registry-packages proxy endpoints`);
   }
-  if (!ctx.bundle.context.clusterCA.includes("BEGIN CERTIFICATE")) {
-    throw new PackageFetchError(
+  if (!ca.includes("BEGIN CERTIFICATE")) {
+    throw new RefusedError(
       `package ${ref.name}: the bundle carries no cluster CA to verify the registry-packages proxy with (context.clusterCA); refusing to fetch unverified`,
     );
   }
   const query = `digest=${encodeURIComponent(ref.digest)}&repository=${encodeURIComponent(ref.repository)}`;
   const errors: string[] = [];
-  for (let attempt = 1; attempt <= fetchPolicy.attempts; attempt++) {
-    let anyRetryable = false;
-    for (let i = 0; i < endpoints.length; i++) {
-      // Start each round at a different endpoint, so one sick proxy is not always asked first.
-      const endpoint = endpoints[(i + attempt - 1) % endpoints.length] as string;
-      const url = `https://${endpoint}/package?${query}`;
-      try {
-        const stream = got.stream(url, {
-          headers: { authorization: `Bearer ${token}` },
-          https: { certificateAuthority: ctx.bundle.context.clusterCA },
-          retry: { limit: 0 },
-          timeout: {
-            connect: fetchPolicy.connectTimeoutMs,
-            secureConnect: fetchPolicy.connectTimeoutMs,
-            socket: fetchPolicy.idleTimeoutMs,
-          },
-          ...(ctx.signal ? { signal: ctx.signal } : {}),
-        });
-        // Errors before the first read (refused, TLS) surface through the iteration below;
-        // this listener only keeps them from being "unhandled" in between.
-        stream.on("error", () => undefined);
-        await host.writeFileStream(archive, verify(stream, ref.digest, `package ${ref.name} from ${endpoint}`), {
-          mode: 0o600,
-        });
-        ctx.log.info({ package: ref.name, digest: ref.digest, endpoint, attempt }, "package downloaded and verified");
-        return archive;
-      } catch (err) {
-        if (ctx.signal?.aborted) throw err;
-        const msg = `${endpoint}: ${describe(err)}`;
-        errors.push(`attempt ${attempt}, ${msg}`);
-        ctx.log.warn({ package: ref.name, endpoint, attempt, err: describe(err) }, "package download failed");
-        if (retryable(err)) anyRetryable = true;
+  for (const endpoint of endpoints) {
+    const url = `https://${endpoint}/package?${query}`;
+    const where = `package ${ref.name} from ${endpoint}`;
+    try {
+      const stream = got.stream(url, {
+        headers: { authorization: `Bearer ${token}` },
+        https: { certificateAuthority: ca },
+        retry: { limit: 0 },
+        timeout: {
+          connect: fetchPolicy.connectTimeoutMs,
+          secureConnect: fetchPolicy.connectTimeoutMs,
+          socket: fetchPolicy.idleTimeoutMs,
+        },
+        ...(ctx.signal ? { signal: ctx.signal } : {}),
+      });
+      const response = await new Promise<{ headers: Record<string, string | string[] | undefined> }>(
+        (resolve, reject) => {
+          stream.once("response", resolve);
+          stream.once("error", reject);
+        },
+      );
+      stream.on("error", () => undefined); // surfaced by the iteration below
+      const header = response.headers[MANIFEST_HEADER];
+      if (typeof header !== "string") {
+        stream.destroy();
+        throw new PackageDigestError(
+          `${where}: the proxy sent no ${MANIFEST_HEADER} header, so the layer cannot be verified against the manifest digest; refused`,
+        );
       }
+      const layer = layerOf(Buffer.from(header, "base64"), ref.digest, where);
+      await host.mkdir(dir, { mode: 0o700 });
+      await host.writeFileStream(archive, verify(stream, layer, where), { mode: 0o600 });
+      ctx.log.info({ package: ref.name, digest: ref.digest, layer, endpoint }, "package downloaded and verified");
+      return archive;
+    } catch (err) {
+      if (ctx.signal?.aborted) throw err;
+      errors.push(`${endpoint}: ${describe(err)}`);
+      ctx.log.warn({ package: ref.name, endpoint, err: describe(err) }, "package download failed");
     }
-    if (!anyRetryable || attempt === fetchPolicy.attempts) break;
-    const delay = Math.min(fetchPolicy.baseDelayMs * 2 ** (attempt - 1), fetchPolicy.maxDelayMs);
-    await new Promise((r) => setTimeout(r, delay * (0.8 + Math.random() * 0.4)));
   }
   throw new PackageFetchError(
-    `package ${ref.name} (${ref.repository}@${ref.digest}) could not be fetched from the registry-packages proxy:\n  ${errors.slice(-6).join("\n  ")}`,
+    `package ${ref.name} (${ref.repository}@${ref.digest}) could not be fetched from the registry-packages proxy:\n  ${errors.join("\n  ")}`,
   );
 }
 
-function packageEnv(host: Host, name: string, digest: string, dir: string): Record<string, string> {
-  return {
-    D8_ROOT: host.sandbox ? host.root : "",
-    PACKAGE_NAME: name,
-    PACKAGE_DIGEST: digest,
-    PACKAGE_DIR: host.path(dir),
-  };
+function packageEnv(host: Host, name: string, digest: string, realDir: string): Record<string, string> {
+  return { D8_ROOT: host.sandbox ? host.root : "", PACKAGE_NAME: name, PACKAGE_DIGEST: digest, PACKAGE_DIR: realDir };
 }
 
-async function install(host: Host, ctx: StepContext, ref: RegistryPackageRef, archive: string): Promise<void> {
+export async function installPackage(
+  host: Host,
+  ctx: { logFile?: string; signal?: AbortSignal },
+  ref: RegistryPackageRef,
+  archive: string,
+): Promise<void> {
   const work = `${DOWNLOADS}/${ref.name}/${hexOf(ref.digest)}.d`;
   await host.remove(work, { recursive: true });
   await host.mkdir(work, { mode: 0o700 });
   try {
-    await host.mustRun(["tar", "-xzf", host.path(archive), "-C", host.path(work), "--no-same-owner"], {
+    const workReal = await host.fs.realPath(work);
+    await host.mustRun(["tar", "-xzf", await host.fs.realPath(archive), "-C", workReal, "--no-same-owner"], {
       logFile: ctx.logFile,
     });
     for (const script of ["install", "uninstall"]) {
@@ -239,12 +254,12 @@ async function install(host: Host, ctx: StepContext, ref: RegistryPackageRef, ar
     }
     const r = await host.run(["bash", "./install"], {
       cwd: work,
-      env: packageEnv(host, ref.name, ref.digest, work),
+      env: packageEnv(host, ref.name, ref.digest, workReal),
       timeoutMs: fetchPolicy.installTimeoutMs,
       logFile: ctx.logFile,
       ...(ctx.signal ? { signal: ctx.signal } : {}),
     });
-    if (r.exitCode !== 0) {
+    if (r.exitCode !== 0 || r.killed) {
       const tail = (r.stderr || r.stdout).trim().split("\n").slice(-5).join("\n");
       throw new PackageInstallError(
         `package ${ref.name} (${ref.digest}): install exited ${r.exitCode}${tail ? `:\n${tail}` : ""}`,
@@ -255,6 +270,7 @@ async function install(host: Host, ctx: StepContext, ref: RegistryPackageRef, ar
     for (const script of ["install", "uninstall"]) {
       await host.writeFile(`${store}/${script}`, (await host.readFile(`${work}/${script}`)) ?? "", { mode: 0o755 });
     }
+    await host.writeFile(`${store}/${OWNER_FILE}`, OWNER, { mode: 0o644 });
     // The digest is written last: it is what says "installed".
     await host.writeFile(`${store}/digest`, `${ref.digest}\n`, { mode: 0o644 });
   } finally {
@@ -263,17 +279,34 @@ async function install(host: Host, ctx: StepContext, ref: RegistryPackageRef, ar
   await host.remove(archive);
 }
 
-async function remove(host: Host, ctx: StepContext, name: string): Promise<void> {
+/** Runs a package's uninstall, only from a store directory this agent made, then removes it. */
+export async function removePackage(
+  host: Host,
+  ctx: { logFile?: string; signal?: AbortSignal },
+  name: string,
+): Promise<void> {
   const store = `${STORE}/${name}`;
-  if (await host.exists(`${store}/uninstall`)) {
+  const dir = await host.stat(store);
+  if (!dir) return;
+  if (!dir.isDirectory || dir.uid !== 0 || (dir.mode & 0o022) !== 0) {
+    throw new RefusedError(`${store} is not a root-owned directory only root can write; its uninstall is not run`);
+  }
+  if (!(await ownedByUs(host, name)))
+    throw new RefusedError(`package ${name} was not installed by this agent; not removed`);
+  const script = await host.stat(`${store}/uninstall`);
+  if (script) {
+    if (!script.isFile || script.uid !== 0 || (script.mode & 0o022) !== 0) {
+      throw new RefusedError(`${store}/uninstall is not a root-owned regular file; not run`);
+    }
     const digest = (await installedDigest(host, name)) ?? "";
     const r = await host.run(["bash", "./uninstall"], {
       cwd: store,
-      env: packageEnv(host, name, digest, store),
+      env: packageEnv(host, name, digest, await host.fs.realPath(store)),
       timeoutMs: fetchPolicy.installTimeoutMs,
       logFile: ctx.logFile,
+      ...(ctx.signal ? { signal: ctx.signal } : {}),
     });
-    if (r.exitCode !== 0) {
+    if (r.exitCode !== 0 || r.killed) {
       const tail = (r.stderr || r.stdout).trim().split("\n").slice(-5).join("\n");
       throw new PackageInstallError(`package ${name}: uninstall exited ${r.exitCode}${tail ? `:\n${tail}` : ""}`);
     }
@@ -282,60 +315,74 @@ async function remove(host: Host, ctx: StepContext, name: string): Promise<void>
   await host.remove(`${DOWNLOADS}/${name}`, { recursive: true });
 }
 
-/** Runs `fn` over items with at most `n` at once; results keep the input order. */
-function pool<T, R>(items: T[], n: number, fn: (t: T) => Promise<R>): Promise<R>[] {
-  let running = 0;
-  const queue: (() => void)[] = [];
-  return items.map(async (item) => {
-    if (running >= n) await new Promise<void>((r) => queue.push(r));
-    running++;
-    try {
-      return await fn(item);
-    } finally {
-      running--;
-      queue.shift()?.();
+export const proxyOf = (ctx: StepContext): FetchContext["proxy"] => ({
+  endpoints: ctx.bundle.context.packagesProxy.endpoints,
+  token: ctx.bundle.context.packagesProxy.token,
+  ca: ctx.bundle.context.clusterCA,
+});
+
+/** Downloads start together (at most `concurrency`); installs run in list order as each arrives. */
+class Prefetch {
+  private readonly started = new Map<string, Promise<string>>();
+  private running = 0;
+  private readonly queue: (() => void)[] = [];
+
+  get(host: Host, ctx: FetchContext, ref: RegistryPackageRef): Promise<string> {
+    const key = `${ref.name}@${ref.digest}`;
+    let p = this.started.get(key);
+    if (!p) {
+      p = this.limit(() => fetchPackage(host, ctx, ref));
+      p.catch(() => undefined);
+      this.started.set(key, p);
     }
-  });
+    return p;
+  }
+
+  private async limit<T>(fn: () => Promise<T>): Promise<T> {
+    if (this.running >= fetchPolicy.concurrency) await new Promise<void>((r) => this.queue.push(r));
+    this.running++;
+    try {
+      return await fn();
+    } finally {
+      this.running--;
+      this.queue.shift()?.();
+    }
+  }
+
+  forget(ref: RegistryPackageRef): void {
+    this.started.delete(`${ref.name}@${ref.digest}`);
+  }
 }
 
-const step: Step<"RegistryPackages"> = {
+const prefetch = new Prefetch();
+
+const step: Step<"RegistryPackages", Primitive | PackageChange> = {
   kind: "RegistryPackages",
-  plan: (spec, host) => plan(spec, host),
-  async apply(changes, spec, host, ctx) {
-    const pkgChanges = changes.filter((c): c is PackageChange => c.kind === "package");
-    const removed: string[] = [];
-    for (const c of pkgChanges.filter((c) => c.action === "remove")) {
-      await remove(host, ctx, c.name);
-      ctx.log.info({ package: c.name }, "package removed");
-      removed.push(c.name);
-    }
-    const byName = new Map(spec.packages.map((p) => [p.name, p]));
-    const wanted = pkgChanges
-      .filter((c) => c.action !== "remove")
-      .map((c) => {
-        const ref = byName.get(c.name);
-        if (!ref || ref.digest !== c.digest)
-          throw new Error(`RegistryPackages: change for ${c.name} is not in the spec`);
-        return ref;
-      });
-    const downloads = pool(wanted, fetchPolicy.concurrency, (ref) => fetchPackage(host, ctx, ref));
-    for (const d of downloads) d.catch(() => undefined); // awaited below, in list order
-    const installed: string[] = [];
-    try {
-      for (const [i, ref] of wanted.entries()) {
-        const archive = await (downloads[i] as Promise<string>);
-        await install(host, ctx, ref, archive);
-        ctx.log.info({ package: ref.name, digest: ref.digest }, "package installed");
-        installed.push(ref.name);
-      }
-    } catch (err) {
-      await Promise.allSettled(downloads);
-      throw err;
-    }
-    const changed = new Set(installed);
-    const skipped = spec.packages.map((p) => p.name).filter((n) => !changed.has(n));
-    return { outputs: { installed, skipped, removed } };
+  async plan(spec, host) {
+    return { changes: await planPackages(spec.packages, host, { removeUnlisted: true }), problems: [] };
   },
+  async applyOwn(c, spec, host, ctx) {
+    if (c.action === "remove") {
+      await removePackage(host, ctx, c.name);
+      ctx.log.info({ package: c.name }, "package removed");
+      return;
+    }
+    const ref = spec.packages.find((p) => p.name === c.name);
+    if (!ref || ref.digest !== c.digest) throw new Error(`RegistryPackages: change for ${c.name} is not in the spec`);
+    const fetchCtx = { log: ctx.log, signal: ctx.signal, proxy: proxyOf(ctx) };
+    // Start every download this step still needs; installs then wait only for their own package.
+    for (const p of spec.packages) {
+      if ((await installedDigest(host, p.name)) !== p.digest) prefetch.get(host, fetchCtx, p);
+    }
+    try {
+      const archive = await prefetch.get(host, fetchCtx, ref);
+      await installPackage(host, ctx, ref, archive);
+    } finally {
+      prefetch.forget(ref);
+    }
+    ctx.log.info({ package: ref.name, digest: ref.digest }, "package installed");
+  },
+  secrets: () => [],
 };
 
 export default step;

@@ -1,21 +1,23 @@
-// Custom NodeGroupConfiguration steps: bash scripts, run in weight order. A script runs when
-// its content changed since its last success, the node rebooted since then, the group's
-// 4-hour update epoch moved on (Deckhouse re-runs everything then to repair drift), or a full
-// run is forced (configuration_checksum removed); otherwise the plan says "unchanged" and
-// nothing runs. Scripts must be idempotent.
+// Custom NodeGroupConfiguration steps: bash scripts, run in weight order, as Deckhouse runs
+// them. The script is written to /var/lib/bashible/bundle_steps/<step> and sourced by
+// `bash --noprofile --norc -eEo pipefail` after the bash helper library, so `return 0` ends it
+// and a command reading stdin gets end-of-file instead of the rest of the script. Output streams
+// to the step log and the journal line by line.
 //
-// Environment: NODE_NAME, NODE_GROUP, BUNDLE (debian|rhel|altlinux), BASHIBLE_ROOT ("/" or the
-// sandbox root: scripts prefix their paths with it), BASHIBLE_STATE_DIR, BASHIBLE_STEP,
-// BASHIBLE_FIRST_RUN (true|false), KUBERNETES_VERSION, and PATH with /opt/deckhouse/bin first.
-import { readBootId } from "../agent/facts.ts";
+// A script runs when its content changed since its last success, the node rebooted since then,
+// the group's 4-hour update epoch moved on (Deckhouse re-runs everything then to repair drift),
+// or a full run is forced (configuration_checksum removed); otherwise the plan says
+// "unchanged" and nothing runs. Scripts must be idempotent.
 import { sha256Hex } from "../bundles/checksum.ts";
-import type { Host } from "../agent/host/host.ts";
-import { CommandError } from "../agent/host/host.ts";
-import type { Step, StepContext } from "./types.ts";
+import { PATHS, STATE_DIR } from "../bundles/paths.ts";
+import { CommandError, type Host } from "../agent/host/host.ts";
 import type { ScriptSpec } from "../bundles/types.ts";
-import { PATHS } from "../bundles/paths.ts";
+import type { ScriptChange, Step, StepContext } from "./types.ts";
 
 const RECORDS = PATHS.scripts;
+const STEP_FILES = `${STATE_DIR}/bundle_steps`;
+/** Where the agent installs Deckhouse-compatible helpers (bashbooster) for scripts to source. */
+export const HELPERS = `${STATE_DIR}/bashbooster.sh`;
 
 interface RunRecord {
   sha256: string;
@@ -24,63 +26,102 @@ interface RunRecord {
   at: string;
 }
 
-function wantedRecord(spec: ScriptSpec, ctx: StepContext, bootId: string): Omit<RunRecord, "at"> {
-  return { sha256: sha256Hex(spec.script), bootId, epoch: ctx.bundle.context.nodeGroup.updateEpoch };
+function wantedRecord(spec: ScriptSpec, ctx: StepContext): Omit<RunRecord, "at"> {
+  return { sha256: sha256Hex(spec.script), bootId: ctx.bootId, epoch: ctx.bundle.context.nodeGroup.updateEpoch };
 }
 
-async function lastSuccess(host: Host, name: string): Promise<RunRecord | undefined> {
+async function lastSuccess(host: Host, name: string, ctx: StepContext): Promise<RunRecord | undefined> {
   const text = await host.readText(`${RECORDS}/${name}.json`);
+  if (!text) return undefined;
   try {
-    return text ? (JSON.parse(text) as RunRecord) : undefined;
+    return JSON.parse(text) as RunRecord;
   } catch {
+    ctx.log.warn({ step: name }, "the script's run record is not JSON; the script runs again");
     return undefined;
   }
 }
 
-const script: Step<"Script"> = {
+/** Deckhouse's environment for steps, plus this agent's own variables. */
+export function scriptEnv(host: Host, ctx: StepContext): Record<string, string> {
+  const systemPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+  const proxies = Object.fromEntries(
+    Object.entries(process.env).filter(
+      (e): e is [string, string] => /^(https?|no)_proxy$/i.test(e[0]) && typeof e[1] === "string",
+    ),
+  );
+  return {
+    ...proxies,
+    NODE_GROUP: ctx.nodeGroup,
+    D8_NODE_HOSTNAME: ctx.nodeName,
+    FIRST_BASHIBLE_RUN: ctx.firstRun ? "yes" : "no",
+    BOOTSTRAP_DIR: host.path(STATE_DIR),
+    TMPDIR: host.path(PATHS.tmpDir),
+    HOME: host.path(STATE_DIR),
+    LANG: "C",
+    LC_ALL: "C",
+    LC_NUMERIC: "C",
+    PATH: `${host.path(PATHS.binDir)}:${systemPath}`,
+    BUNDLE: host.os.family,
+    NODE_NAME: ctx.nodeName,
+    BASHIBLE_ROOT: host.root,
+    BASHIBLE_STATE_DIR: host.path(STATE_DIR),
+    BASHIBLE_STEP: ctx.stepName,
+    BASHIBLE_FIRST_RUN: String(ctx.firstRun),
+    BASHIBLE_AGENT: ctx.agentArgv.map((a) => `'${a.replace(/'/g, "'\\''")}'`).join(" "),
+    KUBERNETES_VERSION: ctx.bundle.context.kubernetesVersion,
+  };
+}
+
+const script: Step<"Script", ScriptChange> = {
   kind: "Script",
 
   async plan(spec, host, ctx) {
     const name = ctx.stepName;
-    if (spec.bundles.length && !spec.bundles.includes(host.os.family) && !spec.bundles.includes("*")) return [];
-    const want = wantedRecord(spec, ctx, await readBootId());
-    const last = await lastSuccess(host, name);
+    if (spec.bundles.length && !spec.bundles.includes(host.os.family) && !spec.bundles.includes("*")) {
+      return { changes: [], problems: [] };
+    }
+    const want = wantedRecord(spec, ctx);
+    const last = await lastSuccess(host, name, ctx);
     let why: string;
     if (!last) why = "never ran successfully";
     else if (ctx.forced) why = "full run forced (configuration_checksum absent)";
     else if (last.sha256 !== want.sha256) why = "script changed since its last success";
     else if (last.bootId !== want.bootId) why = "node rebooted since its last success";
     else if (last.epoch !== want.epoch) why = "update epoch moved on (periodic re-run)";
-    else return [];
-    return [{ kind: "script", name, summary: `run ${spec.source} (${why})` }];
+    else return { changes: [], problems: [] };
+    return { changes: [{ kind: "script", name, summary: `run ${spec.source} (${why})` }], problems: [] };
   },
 
-  async apply(_changes, spec, host, ctx) {
+  async applyOwn(_change, spec, host, ctx) {
     const name = ctx.stepName;
-    const env = {
-      NODE_NAME: ctx.nodeName,
-      NODE_GROUP: ctx.nodeGroup,
-      BUNDLE: host.os.family,
-      BASHIBLE_ROOT: host.root,
-      BASHIBLE_STATE_DIR: host.path("/var/lib/bashible"),
-      BASHIBLE_STEP: name,
-      BASHIBLE_FIRST_RUN: String(ctx.firstRun),
-      KUBERNETES_VERSION: ctx.bundle.context.kubernetesVersion,
-      PATH: `${host.path("/opt/deckhouse/bin")}:${process.env.PATH ?? "/usr/sbin:/usr/bin:/sbin:/bin"}`,
-    };
-    const argv = ["bash", "--noprofile", "--norc", "-eEo", "pipefail", "-s"];
+    const file = `${STEP_FILES}/${name}`;
+    await host.mkdir(STEP_FILES, { mode: 0o700 });
+    await host.mkdir(PATHS.tmpDir, { mode: 0o1777 });
+    await host.writeFile(file, spec.script, { mode: 0o700 });
+    const helpers = (await host.exists(HELPERS)) ? `source ${quote(host.path(HELPERS))}; ` : "";
+    const argv = [
+      "bash",
+      "--noprofile",
+      "--norc",
+      "-eEo",
+      "pipefail",
+      "-c",
+      `cd ${quote(host.path(STATE_DIR))}; ${helpers}source ${quote(host.path(file))}`,
+    ];
+    const log = ctx.log.child({ script: spec.source });
     const r = await host.run(argv, {
-      env,
-      input: spec.script,
-      cwd: "/var/lib/bashible",
+      env: scriptEnv(host, ctx),
+      cleanEnv: true,
       logFile: ctx.logFile,
-      signal: ctx.signal,
+      onLine: (stream, line) => log.info({ stream }, line),
+      ...(ctx.signal ? { signal: ctx.signal } : {}),
     });
-    if (r.exitCode !== 0) throw new CommandError([`${spec.source}`], r);
-    const record: RunRecord = { ...wantedRecord(spec, ctx, await readBootId()), at: new Date().toISOString() };
+    if (r.exitCode !== 0 || r.killed) throw new CommandError([spec.source], r, spec.source);
+    const record: RunRecord = { ...wantedRecord(spec, ctx), at: new Date().toISOString() };
     await host.writeFile(`${RECORDS}/${name}.json`, `${JSON.stringify(record)}\n`, { mode: 0o644 });
-    return undefined;
   },
 };
+
+const quote = (s: string) => `'${s.replace(/'/g, "'\\''")}'`;
 
 export default script;

@@ -5,7 +5,7 @@
 import { EXIT, type Command } from "../../lib/cli.ts";
 import { Host } from "../host/host.ts";
 import { clusterConnections } from "../converge/connect.ts";
-import { lastGoodBundle } from "../converge/state.ts";
+import { lastGoodBundle, readStatus } from "../converge/state.ts";
 
 export interface WireConnection {
   server: string;
@@ -25,9 +25,9 @@ const connections: Command = {
   options: { kubeconfig: { type: "string" }, server: { type: "string", multiple: true } },
   takesRoot: true,
   logTo: "stderr",
-  async run({ values, root, stdout }) {
+  async run({ values, root, stdout, log }) {
     const host = new Host(root, { id: "", versionId: "", family: "debian", packageManager: "apt" });
-    const last = await lastGoodBundle(host);
+    const last = await lastGoodBundle(host, await readStatus(host, { log }), { log });
     const conns = await clusterConnections(host, {
       kubeconfig: values.kubeconfig as string | undefined,
       servers: values.server as string[] | undefined,

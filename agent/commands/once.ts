@@ -10,13 +10,36 @@ applied run (or the Node carries update.node.deckhouse.io/reboot, or
 /var/lib/bashible/configuration_checksum was removed) applies its steps in order.
 Otherwise only re-asserts the node.deckhouse.io/configuration-checksum annotation.
 
-Exit: 0 applied or in sync, 1 failed (see 'bashible status').
+Exit: 0 applied or in sync, 1 failed, waiting for an approval, or the bundle fetched was
+rejected (the last good one is kept and named in the log; see 'bashible status').
 
 ${CONVERGE_HELP}`,
   options: CONVERGE_OPTIONS,
   takesRoot: true,
   async run({ values, root, log }) {
-    const r = await converge(convergeOptions(values, root, log));
+    // SIGTERM (systemd stopping the service, the daemon stopping) ends the run at once: sleeps
+    // and waits wake up, running commands lose their whole process group. A converge child
+    // whose daemon died (reparented) stops the same way instead of running on unsupervised.
+    const abort = new AbortController();
+    const stop = (why: string) => {
+      if (abort.signal.aborted) return;
+      log.warn(`stopping the run: ${why}`);
+      abort.abort();
+    };
+    process.once("SIGTERM", () => stop("SIGTERM"));
+    process.once("SIGINT", () => stop("SIGINT"));
+    const daemonPid = Number(process.env.BASHIBLE_DAEMON_PID);
+    const orphanCheck =
+      daemonPid > 0
+        ? setInterval(() => {
+            if (process.ppid !== daemonPid) stop(`the agent daemon (pid ${daemonPid}) is gone`);
+          }, 1000)
+        : undefined;
+    orphanCheck?.unref();
+    const r = await converge({ ...convergeOptions(values, root, log), signal: abort.signal }).finally(() =>
+      clearInterval(orphanCheck),
+    );
+    if (r.rejected) return EXIT.error; // the bundle asked for was not applied; logged where it happened
     if (r.outcome === "applied" || r.outcome === "in-sync") return EXIT.ok;
     if (r.outcome !== "failed") log.warn({ outcome: r.outcome }, r.reason); // failures were logged where they happened
     return EXIT.error;

@@ -1,5 +1,6 @@
 import { EXIT, type Command } from "../../lib/cli.ts";
 import { plan, type PlanReport } from "../converge/converge.ts";
+import { redact } from "../host/runner.ts";
 import { CONVERGE_HELP, CONVERGE_OPTIONS, convergeOptions } from "./converge-options.ts";
 
 function indent(text: string, by = "      "): string {
@@ -11,39 +12,50 @@ function indent(text: string, by = "      "): string {
 }
 
 export function formatPlan(r: PlanReport): string {
+  const show = (t: string) => redact(t, r.secrets);
   const lines = [
     `node ${r.nodeName}, group ${r.nodeGroup}, bundle ${r.checksum.slice(0, 12)} from ${r.source}`,
     `gate: ${r.gate.run ? "a converge would run" : "in sync"} (${r.gate.reason})`,
   ];
-  if (r.fetchError) lines.push(`fetch failed, planned against the last good bundle: ${r.fetchError}`);
+  if (r.fetchError) lines.push(`fetch failed, planned against the last good bundle: ${show(r.fetchError)}`);
   lines.push("");
   for (const s of r.steps) {
     if (s.error) {
-      lines.push(`! ${s.name} (${s.kind}): cannot plan: ${s.error}`);
+      lines.push(`! ${s.name} (${s.kind}): cannot plan: ${show(s.error)}`);
     } else if (s.changes.length === 0) {
       lines.push(`  ${s.name} (${s.kind}): in sync`);
     } else {
       lines.push(`~ ${s.name} (${s.kind}): ${s.changes.length} change${s.changes.length > 1 ? "s" : ""}`);
       for (const c of s.changes) {
-        lines.push(`    - ${c.summary}`);
-        if (c.kind === "file" && c.diff) lines.push(indent(c.diff));
+        lines.push(`    - ${show(c.summary)}${c.disruptive ? ` [disruptive: ${show(c.disruptive)}]` : ""}`);
+        if (c.kind === "file" && c.diff) lines.push(indent(c.secret ? "(secret content)" : show(c.diff)));
       }
     }
+    for (const p of s.problems) lines.push(`    ! ${p.subject}: ${show(p.message)} (reported, not a change)`);
   }
   const changed = r.steps.filter((s) => s.changes.length).length;
   const failed = r.steps.filter((s) => s.error).length;
+  const problems = r.steps.reduce((n, s) => n + s.problems.length, 0);
   lines.push(
     "",
-    `${changed} of ${r.steps.length} steps would change the node${failed ? `; ${failed} could not be planned` : ""}.`,
+    `${changed} of ${r.steps.length} steps would change the node${failed ? `; ${failed} could not be planned` : ""}${problems ? `; ${problems} problem${problems > 1 ? "s" : ""} reported` : ""}.`,
   );
   return `${lines.join("\n")}\n`;
+}
+
+/** The plan as JSON: file contents, stdin and secrets left out. */
+export function planJson(r: PlanReport): string {
+  const { secrets, ...report } = r;
+  const text = JSON.stringify(report, (k, v) => (k === "content" || k === "input" ? undefined : v), 2);
+  return `${redact(text, secrets)}\n`;
 }
 
 const planCommand: Command = {
   summary: "show what a converge would change (dry run; exit 2 when changes are pending)",
   usage: "[--root DIR] [--bundle FILE|DIR] [--json] [options]",
   help: `Plans every step of the bundle against the machine as it is now: per step a one-line
-summary and, for files, a unified diff. Changes nothing, not even state files.
+summary and, for files, a unified diff; problems a step found (a NodeUser that clashes with an
+unmanaged account, say) are listed but are not changes. Changes nothing, not even state files.
 
 Exit: 0 in sync, 2 changes pending (a step would change something, or a converge is due:
 new checksum, reboot, forced), 1 error (a step cannot be planned, or the current bundle
@@ -59,7 +71,7 @@ ${CONVERGE_HELP}`,
   async run({ values, root, log, stdout }) {
     const report = await plan(convergeOptions(values, root, log));
     if (values.json) {
-      stdout(`${JSON.stringify(report, (k, v) => (k === "content" ? undefined : v), 2)}\n`);
+      stdout(planJson(report));
     } else {
       stdout(formatPlan(report));
     }

@@ -1,6 +1,7 @@
 import { EXIT, UsageError, type Command } from "../../lib/cli.ts";
 import { Host } from "../host/host.ts";
-import { agentArgv, Daemon } from "../daemon/daemon.ts";
+import { Daemon } from "../daemon/daemon.ts";
+import { agentArgv } from "../self.ts";
 import { nodeName } from "../converge/node-name.ts";
 import { resolveBundleFile } from "../converge/source.ts";
 import { CONVERGE_HELP, CONVERGE_OPTIONS, convergeOptions } from "./converge-options.ts";
@@ -33,7 +34,8 @@ async function connectViaChild(childArgs: string[]): Promise<KubeClient[]> {
   }
   const { stdout, stderr, code } = await new Promise<{ stdout: string; stderr: string; code: number | null }>(
     (resolve) => {
-      const child = spawn(process.execPath, agentArgv(["internal-connections", ...pass]));
+      const argv = agentArgv(["internal-connections", ...pass]);
+      const child = spawn(argv[0] as string, argv.slice(1));
       let out = "";
       let err = "";
       child.stdout.on("data", (d) => (out += d));

@@ -10,12 +10,20 @@ interface DaemonState {
 }
 
 async function daemonState(host: Host): Promise<DaemonState | undefined> {
+  const text = await host.readText(PATHS.daemon);
+  if (text === undefined) return undefined; // never started (or /run was wiped by a reboot)
+  let d: DaemonState;
   try {
-    const d = JSON.parse((await host.readText(PATHS.daemon)) ?? "") as DaemonState;
+    d = JSON.parse(text) as DaemonState;
+  } catch {
+    return undefined; // torn while the daemon rewrote it: the next read has it
+  }
+  try {
     process.kill(d.pid, 0);
     return d;
-  } catch {
-    return undefined; // no daemon running
+  } catch (err) {
+    // EPERM: the daemon runs as root and we do not; it is alive all the same.
+    return (err as NodeJS.ErrnoException).code === "EPERM" ? d : undefined;
   }
 }
 
@@ -34,6 +42,7 @@ function formatStatus(s: Status, applied: string | undefined, daemon: DaemonStat
     l.push("last run:         never");
   }
   if (s.fetchError) l.push(`fetch problem:    ${s.fetchError.message} (at ${s.fetchError.at})`);
+  if (s.waiting) l.push(`waiting for:      ${s.waiting.for} (since ${s.waiting.since})`);
   l.push(
     daemon
       ? `next check:       ${daemon.nextTickAt} (daemon pid ${daemon.pid}; bundle changes apply at once)`
@@ -42,7 +51,11 @@ function formatStatus(s: Status, applied: string | undefined, daemon: DaemonStat
   if (s.steps.length) {
     l.push("", "steps:");
     for (const st of s.steps) {
-      const extra = st.error ? `: ${st.error}` : st.warnings?.length ? `: ${st.warnings.join("; ")}` : "";
+      const extra = st.error
+        ? `: ${st.error}`
+        : st.problems?.length
+          ? `: ${st.problems.map((p) => `${p.subject}: ${p.message}`).join("; ")}`
+          : "";
       l.push(
         `  ${st.outcome.padEnd(9)} ${st.name} (${st.kind}, ${st.attempts} attempt${st.attempts === 1 ? "" : "s"}, ${st.durationMs} ms)${extra}`,
       );
@@ -63,7 +76,7 @@ Options:
   options: { json: { type: "boolean" } },
   takesRoot: true,
   logTo: "stderr",
-  async run({ values, root, stdout }) {
+  async run({ values, root, stdout, log }) {
     const host = new Host(
       root,
       await osProfile(root).catch(() => ({
@@ -73,7 +86,11 @@ Options:
         packageManager: "apt" as const,
       })),
     );
-    const [s, applied, daemon] = await Promise.all([readStatus(host), readAppliedChecksum(host), daemonState(host)]);
+    const [s, applied, daemon] = await Promise.all([
+      readStatus(host, { log }),
+      readAppliedChecksum(host),
+      daemonState(host),
+    ]);
     stdout(
       values.json
         ? `${JSON.stringify({ ...s, configurationChecksum: applied, daemon }, null, 2)}\n`

@@ -1,49 +1,62 @@
-// The node side of update approval: before a non-first run changes anything, announce
-// update.node.deckhouse.io/waiting-for-approval and wait until the cluster (the approval
-// controller, or a person) sets update.node.deckhouse.io/approved.
+// The node side of the update handshake: announce something on the Node (an annotation) and
+// wait until the cluster — the approval controller or a person — answers with another. Used for
+// update approval (waiting-for-approval → approved) and disruption approval
+// (disruption-required → disruption-approved). Waits on a watch of this one Node (lib/informer),
+// never by polling.
 import type { Logger } from "../../lib/log/log.ts";
 import type { KubeClient } from "../../lib/kube/client.ts";
-import { getNode, patchNode } from "../../lib/kube/api.ts";
-import { NODE_KEYS } from "../../bundles/names.ts";
+import { patchNode, type KubeObject } from "../../lib/kube/api.ts";
+import { Informer } from "../../lib/informer.ts";
 
-export interface ApprovalOptions {
+export interface WaitOptions {
   timeoutMs: number;
   signal?: AbortSignal;
 }
 
-export async function waitForApproval(
+/**
+ * Sets `announce` (merge patch of annotations; null deletes) unless `granted` already holds,
+ * then waits for `granted`. Resolves true when granted, false on timeout or abort. Fails closed:
+ * when the Node cannot be read, it throws.
+ */
+export async function announceAndWait(
   kube: KubeClient,
   nodeName: string,
   log: Logger,
-  o: ApprovalOptions,
+  announce: Record<string, string | null>,
+  granted: (node: KubeObject) => boolean,
+  o: WaitOptions,
 ): Promise<boolean> {
-  const node = await getNode(kube, nodeName);
-  if (node.metadata.annotations?.[NODE_KEYS.approved] !== undefined) return true;
-  await patchNode(kube, nodeName, { metadata: { annotations: { [NODE_KEYS.waitingForApproval]: "" } } });
-  log.info(`waiting for ${NODE_KEYS.approved} on Node ${nodeName}`);
-  const deadline = Date.now() + o.timeoutMs;
-  let resourceVersion = node.metadata.resourceVersion;
-  while (Date.now() < deadline && !o.signal?.aborted) {
-    const left = Math.max(1, Math.ceil((deadline - Date.now()) / 1000));
+  let resolveGranted!: (v: boolean) => void;
+  const result = new Promise<boolean>((r) => (resolveGranted = r));
+  const informer = new Informer<KubeObject>({
+    client: kube,
+    path: "/api/v1/nodes",
+    fieldSelector: `metadata.name=${nodeName}`,
+    log,
+    trim: (n) => ({ metadata: n.metadata }),
+    onEvent: () => {
+      const node = informer.objects.get(nodeName);
+      if (node && granted(node)) resolveGranted(true);
+    },
+  });
+  await informer.start();
+  try {
+    const node = informer.objects.get(nodeName);
+    if (!node) throw new Error(`Node ${nodeName} not found; cannot ask for approval`);
+    if (granted(node)) return true;
+    await patchNode(kube, nodeName, { metadata: { annotations: announce } });
+    const timer = setTimeout(() => resolveGranted(false), o.timeoutMs);
+    const onAbort = () => resolveGranted(false);
+    o.signal?.addEventListener("abort", onAbort, { once: true });
     try {
-      for await (const ev of kube.watch<{
-        metadata: { annotations?: Record<string, string>; resourceVersion?: string };
-      }>("/api/v1/nodes", {
-        fieldSelector: `metadata.name=${nodeName}`,
-        resourceVersion,
-        timeoutSeconds: Math.min(left, 300),
-        signal: o.signal,
-      })) {
-        resourceVersion = ev.object.metadata.resourceVersion ?? resourceVersion;
-        if (ev.type !== "BOOKMARK" && ev.object.metadata.annotations?.[NODE_KEYS.approved] !== undefined) return true;
-      }
-    } catch (err) {
-      log.warn(`approval watch broke (${(err as Error).message}); re-reading the Node`);
-      const again = await getNode(kube, nodeName).catch(() => undefined);
-      if (again?.metadata.annotations?.[NODE_KEYS.approved] !== undefined) return true;
-      resourceVersion = again?.metadata.resourceVersion;
-      await new Promise((r) => setTimeout(r, 1000));
+      return await result;
+    } finally {
+      clearTimeout(timer);
+      o.signal?.removeEventListener("abort", onAbort);
     }
+  } finally {
+    informer.stop();
   }
-  return false;
 }
+
+export const hasAnnotation = (key: string) => (node: KubeObject) => node.metadata.annotations?.[key] !== undefined;

@@ -1,21 +1,38 @@
 // One converge, start to finish, and the read-only plan. The pieces (source, gate, engine,
-// state, reporter, approval) are small; this file decides their order.
+// state, reporter, approval) are small; this file decides their order:
+//
+//   fetch → gate → plan → 000_* steps (NodeUsers: emergency access never waits) → update
+//   approval → the other steps (disruption approval before a disruptive one) → record →
+//   reboot last, when a step or the Node asked for it and the disruption was approved.
 import type { Logger } from "../../lib/log/log.ts";
 import { gatherFacts, readBootId } from "../facts.ts";
 import { Host, type OsProfile } from "../host/host.ts";
 import type { KubeClient } from "../../lib/kube/client.ts";
 import type { NodeGroupBundle } from "../../bundles/types.ts";
-import { acceptBundle, bundleSecrets, BundleRejectedError, redact } from "./bundle.ts";
+import { acceptBundle, BundleRejectedError } from "../../bundles/verify.ts";
+import { NODE_KEYS, EVENTS } from "../../bundles/names.ts";
+import { PATHS } from "../../bundles/paths.ts";
+import { getNode, type KubeObject } from "../../lib/kube/api.ts";
+import { redact } from "../host/runner.ts";
+import { agentArgv } from "../self.ts";
 import { clusterClients } from "./connect.ts";
 import { nodeName as resolveNodeName } from "./node-name.ts";
 import { ApiBundleSource, FileBundleSource, resolveBundleFile, type BundleSource } from "./source.ts";
 import { decide, type GateDecision } from "./gate.ts";
-import { applySteps, DEFAULT_RETRY, planSteps, type BaseContext, type RetryPolicy, type StepPlan } from "./engine.ts";
+import {
+  applySteps,
+  bundleSecrets,
+  DEFAULT_RETRY,
+  finishRun,
+  planSteps,
+  type BaseContext,
+  type RetryPolicy,
+  type StepPlan,
+} from "./engine.ts";
 import { NodeReporter } from "./node-report.ts";
-import { waitForApproval } from "./approval.ts";
+import { announceAndWait, hasAnnotation } from "./approval.ts";
 import { acquireLock } from "./lock.ts";
-import { NODE_KEYS } from "../../bundles/names.ts";
-import { PATHS } from "../../bundles/paths.ts";
+import { FLAG, hostFlags } from "./flags.ts";
 import {
   lastGoodBundle,
   readAppliedChecksum,
@@ -23,9 +40,9 @@ import {
   rememberBundle,
   updateStatus,
   writeAppliedChecksum,
+  type RunOutcome,
   type Status,
 } from "./state.ts";
-import { getNode, type KubeObject } from "../../lib/kube/api.ts";
 
 export interface ConvergeOptions {
   root: string;
@@ -38,6 +55,8 @@ export interface ConvergeOptions {
   servers?: string[];
   retry?: RetryPolicy;
   approvalTimeoutMs?: number;
+  /** The whole run's budget for retries (default 30 min). */
+  runTimeoutMs?: number;
   signal?: AbortSignal;
 }
 
@@ -66,11 +85,12 @@ export async function osProfile(root: string): Promise<OsProfile> {
   };
 }
 
-/** Sets up host, identity, cluster access and the bundle source. Writes nothing. */
-async function openSession(o: ConvergeOptions): Promise<Session> {
+/** Sets up host, identity, cluster access and the bundle source. Writes nothing unless `mayWrite`. */
+async function openSession(o: ConvergeOptions, mayWrite: boolean): Promise<Session> {
   const host = new Host(o.root, await osProfile(o.root));
   const name = await resolveNodeName(host, o.nodeName);
-  const [status, lastGood] = await Promise.all([readStatus(host), lastGoodBundle(host)]);
+  const status = await readStatus(host, { log: o.log, mayWrite });
+  const lastGood = await lastGoodBundle(host, status, { log: o.log, mayWrite });
   let kube: KubeClient | undefined;
   let node: KubeObject | undefined;
   let clients: KubeClient[] = [];
@@ -101,8 +121,7 @@ async function openSession(o: ConvergeOptions): Promise<Session> {
   let group = o.nodeGroup ?? node?.metadata.labels?.[NODE_KEYS.group];
   let source: BundleSource;
   if (o.bundle) {
-    const file = await resolveBundleFile(o.bundle, group);
-    source = new FileBundleSource(file);
+    source = new FileBundleSource(await resolveBundleFile(o.bundle, group));
   } else {
     group ??= lastGood?.nodeGroup;
     if (!group) {
@@ -113,15 +132,7 @@ async function openSession(o: ConvergeOptions): Promise<Session> {
     }
     source = new ApiBundleSource(kube ? [kube, ...clients.filter((c) => c !== kube)] : clients, group);
   }
-  return {
-    host,
-    nodeName: name,
-    source,
-    reporter: new NodeReporter(kube, name, o.log),
-    node,
-    lastGood,
-    status,
-  };
+  return { host, nodeName: name, source, reporter: new NodeReporter(kube, name, o.log), node, lastGood, status };
 }
 
 interface Fetch {
@@ -147,19 +158,27 @@ async function gateFor(s: Session, bundle: NodeGroupBundle): Promise<GateDecisio
     appliedChecksum: await readAppliedChecksum(s.host),
     appliedBootId: s.status.appliedBootId,
     rebootRequested: s.node?.metadata.annotations?.[NODE_KEYS.reboot] !== undefined,
+    rebootPending: await hostFlags(s.host).has(FLAG.reboot),
   });
 }
 
 async function baseContext(s: Session, bundle: NodeGroupBundle, o: ConvergeOptions): Promise<BaseContext> {
-  const [firstRun, applied] = await Promise.all([s.host.exists(PATHS.firstRun), readAppliedChecksum(s.host)]);
+  const [firstRun, applied, bootId] = await Promise.all([
+    s.host.exists(PATHS.firstRun),
+    readAppliedChecksum(s.host),
+    readBootId(),
+  ]);
   return {
     forced: applied === undefined,
     nodeName: s.nodeName,
     nodeGroup: bundle.nodeGroup,
     bundle,
     firstRun,
+    bootId,
     log: o.log,
     kube: s.reporter.kube,
+    flags: hostFlags(s.host),
+    agentArgv: agentArgv(["--root", s.host.root]),
     signal: o.signal,
   };
 }
@@ -172,11 +191,13 @@ export interface PlanReport {
   gate: GateDecision;
   fetchError?: string;
   steps: StepPlan[];
+  /** Values the printed plan must redact (commands' stdin is never printed at all). */
+  secrets: string[];
 }
 
 /** What a converge would change now. Changes nothing on the host, not even state files. */
 export async function plan(o: ConvergeOptions): Promise<PlanReport> {
-  const s = await openSession(o);
+  const s = await openSession(o, false);
   const f = await fetchBundle(s);
   const bundle = f.bundle ?? s.lastGood;
   if (!bundle) throw new ConvergeError(`no bundle: ${f.error ?? "nothing fetched"} and none applied before`);
@@ -189,21 +210,22 @@ export async function plan(o: ConvergeOptions): Promise<PlanReport> {
     gate: await gateFor(s, bundle),
     fetchError: f.error,
     steps,
+    secrets: await bundleSecrets(bundle),
   };
 }
 
-export type ConvergeOutcome = "applied" | "in-sync" | "failed" | "waiting-approval";
-
 export interface ConvergeResult {
-  outcome: ConvergeOutcome;
+  outcome: RunOutcome;
   checksum?: string;
   reason: string;
+  /** The bundle fetched was refused; the last good one was used (or nothing ran). */
+  rejected?: boolean;
 }
 
 /** One converge under the lock. Throws only when there is nothing to work with. */
 export async function converge(o: ConvergeOptions): Promise<ConvergeResult> {
-  const s = await openSession(o);
-  const release = await acquireLock(s.host.path(PATHS.lock));
+  const s = await openSession(o, true);
+  const release = await acquireLock(await s.host.fs.realPath(PATHS.lock));
   try {
     return await convergeLocked(s, o);
   } finally {
@@ -211,34 +233,51 @@ export async function converge(o: ConvergeOptions): Promise<ConvergeResult> {
   }
 }
 
+const isAdmissionStep = (name: string) => name.startsWith("000_");
+
 async function convergeLocked(s: Session, o: ConvergeOptions): Promise<ConvergeResult> {
-  const { host, reporter, log } = { ...s, log: o.log };
+  const { host, reporter } = s;
+  const log = o.log;
   const startedAt = new Date().toISOString();
+  const deadline = Date.now() + (o.runTimeoutMs ?? 30 * 60_000);
   await host.mkdir(PATHS.stateDir, { mode: 0o755 });
 
   const f = await fetchBundle(s);
   if (f.error) {
     log.error(`bundle fetch failed: ${f.error}`);
     const fetchError = { at: startedAt, message: f.error };
-    await updateStatus(host, (st) => {
-      st.fetchError = fetchError;
-    });
-    if (f.rejected) await reporter.event("BashibleBundleRejected", f.error, "Warning");
+    await updateStatus(
+      host,
+      (st) => {
+        st.fetchError = fetchError;
+      },
+      { log },
+    );
+    if (f.rejected) await reporter.event(EVENTS.bundleRejected, f.error, "Warning");
   } else {
-    await updateStatus(host, (st) => void delete st.fetchError);
+    await updateStatus(
+      host,
+      (st) => {
+        delete st.fetchError;
+      },
+      { log },
+    );
   }
   const bundle = f.bundle ?? s.lastGood;
   if (!bundle)
     throw new ConvergeError(`no bundle to apply: ${f.error ?? "nothing fetched"}, and none was applied before`);
-  const secrets = bundleSecrets(bundle);
+  if (f.error) log.warn({ checksum: bundle.checksum.slice(0, 12) }, "keeping the last good bundle");
+  const rejected = f.rejected;
+  const secrets = await bundleSecrets(bundle);
   const checksum = bundle.checksum;
   const gate = await gateFor(s, bundle);
-  const finish = async (outcome: ConvergeOutcome, reason: string, patch?: (st: Status) => void) => {
+  const finish = async (outcome: RunOutcome, reason: string, patch?: (st: Status) => void): Promise<ConvergeResult> => {
     await updateStatus(host, (st) => {
       st.lastRun = { startedAt, finishedAt: new Date().toISOString(), checksum, outcome, reason };
+      if (!outcome.startsWith("waiting")) delete st.waiting;
       patch?.(st);
     });
-    return { outcome, checksum, reason };
+    return { outcome, checksum, reason, ...(rejected ? { rejected } : {}) };
   };
 
   if (!gate.run) {
@@ -250,74 +289,141 @@ async function convergeLocked(s: Session, o: ConvergeOptions): Promise<ConvergeR
   }
   log.info({ checksum: checksum.slice(0, 12), reason: gate.reason }, "converge starts");
   const base = await baseContext(s, bundle, o);
-  const firstRun = base.firstRun;
-
-  const plans = await planSteps(host, bundle, base);
-  const pending = plans.some((p) => p.changes.length > 0 || p.error);
-  // With a cluster, a later run never changes the node unapproved: if the Node cannot be read,
-  // waitForApproval fails and so does the run.
-  if (pending && !firstRun && reporter.kube) {
-    const approved = await waitForApproval(reporter.kube, s.nodeName, log, {
-      timeoutMs: o.approvalTimeoutMs ?? 10 * 60_000,
+  const { firstRun } = base;
+  const approvalTimeoutMs = o.approvalTimeoutMs ?? 10 * 60_000;
+  const kube = reporter.kube;
+  const wait = async (what: string, announce: Record<string, string | null>, grantedKey: string) => {
+    if (!kube) return true; // local mode: the operator who ran it is the approval
+    await updateStatus(host, (st) => {
+      st.waiting = { for: what, since: new Date().toISOString() };
+    });
+    log.info(`waiting for ${grantedKey} on Node ${s.nodeName} (${what})`);
+    return announceAndWait(kube, s.nodeName, log, announce, hasAnnotation(grantedKey), {
+      timeoutMs: approvalTimeoutMs,
       signal: o.signal,
     });
-    if (!approved) {
-      log.warn("update not approved yet; the next run asks again");
-      return finish("waiting-approval", "waiting for update.node.deckhouse.io/approved");
+  };
+  const approveDisruption = async (reasons: string[]): Promise<boolean> => {
+    if (firstRun) return true; // provisioning: nothing runs on the node yet (as Deckhouse)
+    if (await base.flags.has(FLAG.disruption)) return true;
+    if (bundle.context.nodeGroup.disruptions.approvalMode === "RollingUpdate") {
+      await reporter.annotate({ [NODE_KEYS.rollingUpdate]: "" });
+      log.warn({ reasons }, "disruptive update: the node is marked for replacement (RollingUpdate)");
+      return false;
     }
-  }
+    const ok = await wait(
+      `disruption approval: ${reasons.join("; ")}`,
+      { [NODE_KEYS.disruptionRequired]: "" },
+      NODE_KEYS.disruptionApproved,
+    );
+    if (ok) await base.flags.set(FLAG.disruption, reasons.join("; "));
+    return ok;
+  };
+
+  const plans = await planSteps(host, bundle, base);
+  const pendingLater = plans.some((p) => !isAdmissionStep(p.name) && (p.changes.length > 0 || p.error));
 
   // From here the node is between states: drop the applied checksum first (as Deckhouse does),
   // so a run that is killed or fails is never mistaken for an applied one.
   await host.remove(PATHS.configurationChecksum);
-  await reporter.event("BashibleNodeUpdate", `converge to ${checksum.slice(0, 12)} started: ${gate.reason}`);
-  const result = await applySteps(host, bundle, base, o.retry ?? DEFAULT_RETRY, {
-    onStepFailed: (step, message, tail) =>
-      reporter.event("BashibleStepFailed", `step ${step.name} failed: ${message}\n${tail}`, "Warning"),
-  });
-
-  if (!result.ok) {
+  await reporter.event(EVENTS.nodeUpdate, `converge to ${checksum.slice(0, 12)} started: ${gate.reason}`);
+  const hooks = {
+    onStepFailed: (step: { name: string }, message: string, tail: string) =>
+      reporter.event(EVENTS.stepFailed, `step ${step.name} failed: ${message}\n${tail}`, "Warning"),
+    approveDisruption: (_step: unknown, reasons: string[]) => approveDisruption(reasons),
+  };
+  const failed = async (result: Awaited<ReturnType<typeof applySteps>>) => {
     const error = redact(`step ${result.failed?.name} failed: ${result.failed?.error}`, secrets);
     log.error(error);
-    await reporter.event("BashibleNodeUpdate", `converge to ${checksum.slice(0, 12)} failed: ${error}`, "Warning");
+    await reporter.event(EVENTS.nodeUpdate, `converge to ${checksum.slice(0, 12)} failed: ${error}`, "Warning");
     return finish("failed", error, (st) => {
       st.failureCount = st.failedChecksum === checksum ? st.failureCount + 1 : 1;
       st.failedChecksum = checksum;
       st.steps = result.steps;
       if (st.lastRun) st.lastRun.error = error;
     });
+  };
+  const retry = o.retry ?? DEFAULT_RETRY;
+
+  // NodeUsers first, without waiting: emergency access must not depend on an approval.
+  const admission = await applySteps(host, bundle, base, { retry, deadline, hooks, only: isAdmissionStep });
+  if (!admission.ok) return failed(admission);
+
+  // A later run never changes the node unapproved: if the Node cannot be read, this fails.
+  if (pendingLater && !firstRun && kube) {
+    const approved = await wait(
+      "update approval",
+      { [NODE_KEYS.waitingForApproval]: "", [NODE_KEYS.checksum]: null },
+      NODE_KEYS.approved,
+    );
+    if (!approved) {
+      log.warn("update not approved yet; the next run asks again");
+      return finish("waiting-approval", `waiting for ${NODE_KEYS.approved}`, (st) => {
+        st.steps = admission.steps;
+      });
+    }
+  }
+  const rest = await applySteps(host, bundle, base, { retry, deadline, hooks, only: (n) => !isAdmissionStep(n) });
+  const steps = [...admission.steps, ...rest.steps];
+  if (!rest.ok) {
+    if (/disruptive change not approved/.test(rest.failed?.error ?? "")) {
+      return finish("waiting-disruption-approval", rest.failed?.error ?? "", (st) => {
+        st.steps = steps;
+      });
+    }
+    return failed({ ...rest, steps });
   }
 
   // Success: remember the bundle first, then the checksum, so a kill in between re-runs
   // (cheaply: every step then plans nothing) instead of trusting an unrecorded bundle.
   await rememberBundle(host, bundle);
-  const boot = await readBootId();
   await updateStatus(host, (st) => {
     st.appliedChecksum = checksum;
-    st.appliedBootId = boot;
+    st.appliedBootId = base.bootId;
     st.appliedAt = new Date().toISOString();
-    st.steps = result.steps;
+    st.steps = steps;
     st.failureCount = 0;
     delete st.failedChecksum;
   });
   await writeAppliedChecksum(host, checksum);
+  await finishRun(host);
   if (firstRun) await host.remove(PATHS.firstRun);
-  const rebootAsked = s.node?.metadata.annotations?.[NODE_KEYS.reboot] !== undefined;
+  const changed = steps.filter((st) => st.outcome === "changed").map((st) => st.name);
+
+  // Reboot last: asked by a step or a script (flag), or by the Node's annotation.
+  const rebootAsked =
+    (await base.flags.has(FLAG.reboot)) || s.node?.metadata.annotations?.[NODE_KEYS.reboot] !== undefined;
+  let reboot = false;
+  if (rebootAsked && firstRun) {
+    log.info("first run: reboot skipped, as Deckhouse does while provisioning");
+    await base.flags.unset(FLAG.reboot);
+  } else if (rebootAsked) {
+    reboot = await approveDisruption(["reboot"]);
+    if (!reboot) {
+      await reporter.annotate({ [NODE_KEYS.checksum]: checksum });
+      return finish("waiting-disruption-approval", "reboot waits for disruption approval", (st) => {
+        st.steps = steps;
+      });
+    }
+  }
+  await base.flags.unset(FLAG.disruption);
   await reporter.annotate({
     [NODE_KEYS.checksum]: checksum,
     [NODE_KEYS.waitingForApproval]: null,
     [NODE_KEYS.approved]: null,
-    ...(rebootAsked ? { [NODE_KEYS.reboot]: null } : {}),
+    [NODE_KEYS.disruptionRequired]: null,
+    [NODE_KEYS.disruptionApproved]: null,
+    ...(reboot ? { [NODE_KEYS.reboot]: null } : {}),
   });
-  const changed = result.steps.filter((st) => st.outcome === "changed").map((st) => st.name);
   await reporter.event(
-    "BashibleNodeUpdate",
-    `converge to ${checksum.slice(0, 12)} finished; changed: ${changed.join(", ") || "nothing"}`,
+    EVENTS.nodeUpdate,
+    `converge to ${checksum.slice(0, 12)} finished; changed: ${changed.join(", ") || "nothing"}${reboot ? "; rebooting" : ""}`,
   );
   log.info({ checksum: checksum.slice(0, 12), changed }, "converge finished");
   const outcome = await finish("applied", gate.reason);
-  if (rebootAsked && !firstRun) {
-    log.warn("rebooting: the Node asked for it with update.node.deckhouse.io/reboot");
+  if (reboot) {
+    await base.flags.unset(FLAG.reboot);
+    log.warn("rebooting: disruption approved");
     await host.reboot();
   }
   return outcome;

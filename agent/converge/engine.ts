@@ -1,13 +1,22 @@
 // Runs a bundle's steps in order. Each step is planned against the host as it is at that
-// moment and applied; a failure is retried with a fixed interval (bashible: every 2 s, 10
-// times) and then stops the run. Per-step logs go to /var/log/d8/bashible/step.<name>.log.
+// moment and its plan applied: primitives by the engine (primitives.ts), the step's own kinds by
+// the step. A change carrying `isolate` fails alone (reported as a problem of its subject). A
+// failure is retried with a fixed interval (bashible: every 2 s, 10 times) unless it cannot go
+// away by waiting, within one deadline for the whole run; then the run stops. Units whose files
+// changed in this run are restarted or reloaded (once) after the step that declares them, and
+// again at the end of the run for files later steps changed.
 import type { Host } from "../host/host.ts";
 import { sleep } from "../../lib/sleep.ts";
+import { isPermanent } from "../../lib/errors.ts";
 import type { BundleStep, NodeGroupBundle } from "../../bundles/types.ts";
-import type { Change, StepContext } from "../../steps/types.ts";
-import { loadStep } from "../../steps/index.ts";
-import { bundleSecrets, redact } from "./bundle.ts";
 import { stepLogPath } from "../../bundles/paths.ts";
+import { isPrimitive, pathsOf } from "../host/changes.ts";
+import { bindStep, type BoundStep } from "../../steps/index.ts";
+import type { Change, Problem, ServiceChange, ServiceDecl, StepContext } from "../../steps/types.ts";
+import { redact } from "../host/runner.ts";
+import { applyPrimitive } from "./primitives.ts";
+import { FLAG } from "./flags.ts";
+import { RunJournal } from "./journal.ts";
 import type { StepStatus } from "./state.ts";
 
 export interface RetryPolicy {
@@ -23,6 +32,7 @@ export interface StepPlan {
   name: string;
   kind: BundleStep["kind"];
   changes: Change[];
+  problems: Problem[];
   error?: string;
 }
 
@@ -30,21 +40,64 @@ function contextFor(step: BundleStep, base: BaseContext): StepContext {
   return { ...base, stepName: step.name, logFile: stepLogPath(step.name) };
 }
 
-async function planOne(step: BundleStep, host: Host, ctx: StepContext): Promise<Change[]> {
-  const impl = await loadStep(step.kind);
-  // The union of specs narrows per kind inside each module; here any step takes its own spec.
-  return impl.plan(step.spec as never, host, ctx);
+const bind = (step: BundleStep): Promise<BoundStep> => bindStep(step.kind, step.spec);
+
+/** Every value in the bundle that must never be shown: the context's tokens and each step's secrets. */
+export async function bundleSecrets(bundle: NodeGroupBundle): Promise<string[]> {
+  const out = [bundle.context.packagesProxy.token];
+  for (const step of bundle.steps) out.push(...(await bind(step)).secrets());
+  return out.filter((v) => typeof v === "string" && v.length >= 4);
+}
+
+const covers = (reads: string[], p: string) =>
+  reads.some((r) => (r.endsWith("/") ? p.startsWith(r) || `${p}/` === r : p === r));
+
+/** The restart/reload a unit needs given the paths changed so far, or undefined. */
+async function serviceChange(
+  decl: ServiceDecl,
+  changed: Iterable<string>,
+  base: BaseContext,
+): Promise<ServiceChange | undefined> {
+  const why = [...changed].filter((p) => covers(decl.reads, p));
+  if (await base.flags.has(FLAG.needRestart(decl.unit))) why.push(`flag ${FLAG.needRestart(decl.unit)}`);
+  if (why.length === 0) return undefined;
+  return {
+    kind: "service",
+    unit: decl.unit,
+    action: decl.onChange,
+    why,
+    summary: `${decl.onChange} ${decl.unit}: ${why.join(", ")} changed`,
+  };
 }
 
 /** Plans every step against the host as it is now. Changes nothing. */
 export async function planSteps(host: Host, bundle: NodeGroupBundle, base: BaseContext): Promise<StepPlan[]> {
-  const secrets = bundleSecrets(bundle);
+  const secrets = await bundleSecrets(bundle);
   const out: StepPlan[] = [];
+  const changed = new Set<string>((await RunJournal.peek(host)).pending());
   for (const step of bundle.steps) {
     try {
-      out.push({ name: step.name, kind: step.kind, changes: await planOne(step, host, contextFor(step, base)) });
+      const bound = await bind(step);
+      const p = await bound.plan(host, contextFor(step, base));
+      for (const c of p.changes) for (const path of pathsOf(c)) changed.add(path);
+      for (const decl of bound.services(host)) {
+        const svc = await serviceChange(decl, changed, base);
+        if (svc) p.changes.push(svc);
+      }
+      out.push({
+        name: step.name,
+        kind: step.kind,
+        changes: p.changes,
+        problems: p.problems.map((pr) => ({ ...pr, message: redact(pr.message, secrets) })),
+      });
     } catch (err) {
-      out.push({ name: step.name, kind: step.kind, changes: [], error: redact((err as Error).message, secrets) });
+      out.push({
+        name: step.name,
+        kind: step.kind,
+        changes: [],
+        problems: [],
+        error: redact((err as Error).message, secrets),
+      });
     }
   }
   return out;
@@ -52,6 +105,8 @@ export async function planSteps(host: Host, bundle: NodeGroupBundle, base: BaseC
 
 export interface ApplyHooks {
   onStepFailed?(step: BundleStep, message: string, logTail: string): Promise<void>;
+  /** Before a step whose plan has disruptive changes; false = not approved, stop the run. */
+  approveDisruption?(step: BundleStep, reasons: string[]): Promise<boolean>;
 }
 
 export interface ApplyResult {
@@ -60,16 +115,27 @@ export interface ApplyResult {
   failed?: { name: string; error: string };
 }
 
+export interface ApplyOptions {
+  retry?: RetryPolicy;
+  /** Epoch ms after which no retry starts (the whole run's budget). */
+  deadline?: number;
+  hooks?: ApplyHooks;
+  /** Only steps whose name passes (e.g. the 000_* steps before approval). */
+  only?: (name: string) => boolean;
+}
+
 /** Applies the steps in order; stops at the first step that still fails after its retries. */
 export async function applySteps(
   host: Host,
   bundle: NodeGroupBundle,
   base: BaseContext,
-  retry: RetryPolicy = DEFAULT_RETRY,
-  hooks: ApplyHooks = {},
+  o: ApplyOptions = {},
 ): Promise<ApplyResult> {
-  const secrets = bundleSecrets(bundle);
-  const results: StepStatus[] = bundle.steps.map((s) => ({
+  const retry = o.retry ?? DEFAULT_RETRY;
+  const secrets = await bundleSecrets(bundle);
+  const journal = await RunJournal.open(host);
+  const selected = bundle.steps.filter((s) => !o.only || o.only(s.name));
+  const results: StepStatus[] = selected.map((s) => ({
     name: s.name,
     kind: s.kind,
     outcome: "not-run",
@@ -77,35 +143,85 @@ export async function applySteps(
     attempts: 0,
     durationMs: 0,
   }));
-  for (const [i, step] of bundle.steps.entries()) {
+  const declared: ServiceDecl[] = [];
+
+  const restartServices = async (decls: ServiceDecl[], log: BaseContext["log"], logFile?: string) => {
+    for (const decl of decls) {
+      const svc = await serviceChange(decl, journal.pending(decl.unit), base);
+      if (!svc) continue;
+      log.info({ unit: decl.unit, action: decl.onChange, why: svc.why }, `${decl.onChange} ${decl.unit}`);
+      await applyPrimitive(host, svc, { ...base, logFile, secrets });
+      await journal.consume(decl.unit, svc.why);
+      await base.flags.unset(FLAG.needRestart(decl.unit));
+    }
+  };
+
+  for (const [i, step] of selected.entries()) {
     const status = results[i] as StepStatus;
+    if (base.signal?.aborted) {
+      return { ok: false, steps: results, failed: { name: step.name, error: "the run was stopped before this step" } };
+    }
     const ctx = contextFor(step, base);
     const log = base.log.child({ step: step.name });
     const started = Date.now();
     await host.writeFile(ctx.logFile, `# ${new Date().toISOString()} ${step.name} (${step.kind})\n`, { mode: 0o640 });
     let lastError = "";
+    let bound: BoundStep | undefined;
     for (let attempt = 1; attempt <= retry.maxAttempts; attempt++) {
       status.attempts = attempt;
       try {
-        const impl = await loadStep(step.kind);
-        const changes = await impl.plan(step.spec as never, host, ctx);
-        if (changes.length === 0) {
-          status.outcome = attempt > 1 ? "changed" : "unchanged";
-          log.debug("step unchanged");
-        } else {
-          await host.appendFile(ctx.logFile, changes.map((c) => `plan: ${redact(c.summary, secrets)}\n`).join(""));
-          const result = await impl.apply(changes, step.spec as never, host, ctx);
-          status.outcome = "changed";
-          status.changes = changes.length;
-          if (result?.warnings?.length) status.warnings = result.warnings.map((w) => redact(w, secrets));
-          log.info({ changes: changes.map((c) => redact(c.summary, secrets)) }, "step changed the node");
+        bound ??= await bind(step);
+        const plan = await bound.plan(host, ctx);
+        const problems = [...plan.problems];
+        const failedSubjects = new Set<string>();
+        let applied = 0;
+        if (plan.changes.length > 0) {
+          const disruptive = plan.changes.flatMap((c) => (c.disruptive ? [c.disruptive] : []));
+          if (disruptive.length && o.hooks?.approveDisruption && !(await o.hooks.approveDisruption(step, disruptive))) {
+            throw Object.assign(new Error(`disruptive change not approved: ${disruptive.join("; ")}`), {
+              permanent: true,
+            });
+          }
+          await host.appendFile(ctx.logFile, plan.changes.map((c) => `plan: ${redact(c.summary, secrets)}\n`).join(""));
         }
+        for (const change of plan.changes) {
+          if (change.isolate && failedSubjects.has(change.isolate)) continue;
+          try {
+            if (isPrimitive(change)) await applyPrimitive(host, change, { ...ctx, secrets });
+            else await bound.applyOwn(change, host, ctx);
+            applied++;
+            await journal.record(pathsOf(change));
+          } catch (err) {
+            if (!change.isolate) throw err;
+            failedSubjects.add(change.isolate);
+            const message = redact((err as Error).message, secrets);
+            problems.push({ subject: change.isolate, message });
+            log.warn({ subject: change.isolate, err: message }, "change failed; the others go on");
+          }
+        }
+        const decls = bound.services(host);
+        declared.push(...decls);
+        await restartServices(decls, log, ctx.logFile);
+        await bound.report(problems, ctx);
+        status.outcome = applied > 0 || attempt > 1 ? "changed" : "unchanged";
+        status.changes = applied;
+        if (problems.length)
+          status.problems = problems.map((p) => ({ subject: p.subject, message: redact(p.message, secrets) }));
+        if (applied > 0)
+          log.info({ changes: plan.changes.map((c) => redact(c.summary, secrets)) }, "step changed the node");
+        else log.debug("step unchanged");
         lastError = "";
         break;
       } catch (err) {
         lastError = redact((err as Error).message, secrets);
-        await host.appendFile(ctx.logFile, `attempt ${attempt} failed: ${lastError}\n`);
-        log.warn({ attempt, of: retry.maxAttempts }, `step failed: ${lastError}`);
+        await host.appendFile(ctx.logFile, `attempt ${attempt} failed: ${lastError}\n`).catch(() => undefined);
+        const permanent = isPermanent(err);
+        log.warn({ attempt, of: retry.maxAttempts, permanent }, `step failed: ${lastError}`);
+        if (permanent || base.signal?.aborted) break;
+        if (o.deadline !== undefined && Date.now() + retry.intervalMs > o.deadline) {
+          lastError += " (the run's time budget is spent)";
+          break;
+        }
         if (attempt < retry.maxAttempts) await sleep(retry.intervalMs, base.signal);
         if (base.signal?.aborted) break;
       }
@@ -114,10 +230,17 @@ export async function applySteps(
     if (lastError) {
       status.outcome = "failed";
       status.error = lastError;
-      const tail = redact(((await host.readText(ctx.logFile)) ?? "").slice(-500), secrets);
-      await hooks.onStepFailed?.(step, lastError, tail);
+      const tail = redact(((await host.readText(ctx.logFile).catch(() => "")) ?? "").slice(-500), secrets);
+      await o.hooks?.onStepFailed?.(step, lastError, tail);
       return { ok: false, steps: results, failed: { name: step.name, error: lastError } };
     }
   }
+  // Files a later step (a custom script, say) changed that an earlier step's unit reads.
+  await restartServices(declared, base.log);
   return { ok: true, steps: results };
+}
+
+/** The run finished: nothing is pending any more. */
+export async function finishRun(host: Host): Promise<void> {
+  await (await RunJournal.open(host)).clear();
 }

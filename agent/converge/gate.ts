@@ -8,6 +8,8 @@ export interface GateInput {
   appliedChecksum: string | undefined;
   appliedBootId: string | undefined;
   rebootRequested: boolean;
+  /** Deckhouse's reboot flag is set: a step asked for a reboot that has not happened yet. */
+  rebootPending?: boolean;
 }
 
 export interface GateDecision {
@@ -19,6 +21,7 @@ export function decide(g: GateInput): GateDecision {
   if (g.appliedChecksum === undefined)
     return { run: true, reason: "configuration_checksum absent (first run or forced)" };
   if (g.rebootRequested) return { run: true, reason: "node annotated update.node.deckhouse.io/reboot" };
+  if (g.rebootPending) return { run: true, reason: "a reboot is pending (flag reboot)" };
   if (g.appliedChecksum !== g.bundleChecksum) {
     return { run: true, reason: `checksum ${short(g.appliedChecksum)} → ${short(g.bundleChecksum)}` };
   }

@@ -1,12 +1,14 @@
 // Where bundles come from: the aggregated API (through the node's API proxy, falling back to
 // the API servers the last bundle named) or, in local mode, a file. Sources return raw bytes;
 // acceptBundle() decides whether they are a bundle.
-import { readFile, readdir, stat } from "node:fs/promises";
+import { open, readdir, stat } from "node:fs/promises";
 import path from "node:path";
 import { createHash } from "node:crypto";
 import type { KubeClient } from "../../lib/kube/client.ts";
-import { KubeStatusError, type KubeError } from "../../lib/kube/errors.ts";
+import { KubeError, KubeStatusError } from "../../lib/kube/errors.ts";
 import { API_VERSION } from "../../bundles/types.ts";
+import { BundleRejectedError, MAX_BUNDLE_BYTES } from "../../bundles/verify.ts";
+import { ResponseTooLargeError } from "../../lib/kube/client.ts";
 
 export type Fetched = { raw: Buffer; etag?: string; via?: KubeClient } | { notModified: true; via?: KubeClient };
 
@@ -25,9 +27,27 @@ export class FileBundleSource implements BundleSource {
     this.description = `file ${file}`;
   }
   async fetch(etag?: string): Promise<Fetched> {
-    const raw = await readFile(this.file);
+    const raw = await readLimited(this.file, MAX_BUNDLE_BYTES);
     const tag = createHash("sha256").update(raw).digest("hex");
     return tag === etag ? { notModified: true } : { raw, etag: tag };
+  }
+}
+
+/** Reads at most `limit` bytes; a longer file is a rejected bundle without being read whole. */
+async function readLimited(file: string, limit: number): Promise<Buffer> {
+  const fh = await open(file, "r");
+  try {
+    const buf = Buffer.alloc(limit + 1);
+    let n = 0;
+    while (n < buf.length) {
+      const { bytesRead } = await fh.read(buf, n, buf.length - n, null);
+      if (bytesRead === 0) break;
+      n += bytesRead;
+    }
+    if (n > limit) throw new BundleRejectedError(`file ${file}`, `larger than the ${limit}-byte limit`);
+    return buf.subarray(0, n);
+  } finally {
+    await fh.close();
   }
 }
 
@@ -45,7 +65,7 @@ export async function resolveBundleFile(p: string, group?: string): Promise<stri
 }
 
 /** Transport failures move on to the next endpoint; an answer with a status does not. */
-const transport = (e: unknown) => !(e instanceof KubeStatusError);
+const transport = (e: unknown) => e instanceof KubeError && !(e instanceof KubeStatusError);
 
 export class ApiBundleSource implements BundleSource {
   readonly description: string;
@@ -60,9 +80,21 @@ export class ApiBundleSource implements BundleSource {
     const errors: string[] = [];
     for (const via of this.clients) {
       try {
-        const res = await via.raw("GET", bundlePath(this.group), {
-          headers: etag ? { "If-None-Match": `"${etag}"` } : {},
-        });
+        let res: Awaited<ReturnType<KubeClient["raw"]>>;
+        try {
+          res = await via.raw("GET", bundlePath(this.group), {
+            headers: etag ? { "If-None-Match": `"${etag}"` } : {},
+            maxBytes: MAX_BUNDLE_BYTES,
+          });
+        } catch (err) {
+          if (err instanceof ResponseTooLargeError) {
+            throw new BundleRejectedError(
+              `nodegroupbundles/${this.group}`,
+              `larger than the ${MAX_BUNDLE_BYTES}-byte limit`,
+            );
+          }
+          throw err;
+        }
         if (res.status === 304) return { notModified: true, via };
         if (res.status !== 200) {
           let message = res.body.toString("utf8").slice(0, 300);

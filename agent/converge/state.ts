@@ -1,8 +1,12 @@
 // What the agent remembers between runs, under /var/lib/bashible. Every write is atomic, so a
-// kill at any point leaves the previous or the next state, never a torn one.
+// kill at any point leaves the previous or the next state, never a torn one. State that does
+// not parse or verify is never silently taken for "nothing": it is logged and, when the caller
+// may write, moved aside to /var/lib/bashible/corrupt/<name>.corrupt-<time> for a person to
+// read; the last good bundle is then taken from the newest stored bundle that verifies.
+import type { Logger } from "../../lib/log/log.ts";
 import type { Host } from "../host/host.ts";
 import type { NodeGroupBundle } from "../../bundles/types.ts";
-import { acceptBundle } from "./bundle.ts";
+import { acceptBundle } from "../../bundles/verify.ts";
 import { KEEP_BUNDLES, PATHS } from "../../bundles/paths.ts";
 
 export type StepOutcome = "changed" | "unchanged" | "failed" | "not-run";
@@ -15,8 +19,11 @@ export interface StepStatus {
   attempts: number;
   durationMs: number;
   error?: string;
-  warnings?: string[];
+  /** Problems reported by the step (a NodeUser that clashes, say); not failures. */
+  problems?: { subject: string; message: string }[];
 }
+
+export type RunOutcome = "applied" | "in-sync" | "failed" | "waiting-approval" | "waiting-disruption-approval";
 
 export interface Status {
   /** Checksum and boot id of the last successful run. */
@@ -30,23 +37,45 @@ export interface Status {
     startedAt: string;
     finishedAt: string;
     checksum: string;
-    outcome: "applied" | "in-sync" | "failed" | "waiting-approval";
+    outcome: RunOutcome;
     reason: string;
     error?: string;
   };
   steps: StepStatus[];
   /** The last fetch problem (server down, wrong CA, rejected bundle), cleared by a good fetch. */
   fetchError?: { at: string; message: string };
+  /** What the node waits for, while it waits (approval, disruption approval). */
+  waiting?: { for: string; since: string };
 }
 
 const EMPTY: Status = { failureCount: 0, steps: [] };
 
-export async function readStatus(host: Host): Promise<Status> {
+export interface StateOptions {
+  log?: Logger;
+  /** May move corrupt files aside (not in `plan`, which writes nothing). */
+  mayWrite?: boolean;
+}
+
+/** Moves a corrupt state file aside, keeping it for a person to read. */
+async function quarantine(host: Host, p: string, o: StateOptions, why: string): Promise<void> {
+  o.log?.error({ file: p }, `${p} is corrupt (${why})${o.mayWrite ? "; moved to " + PATHS.corrupt : ""}`);
+  if (!o.mayWrite) return;
+  const content = (await host.readFile(p).catch(() => undefined)) ?? Buffer.alloc(0);
+  const name = `${p.split("/").pop()}.corrupt-${new Date().toISOString().replace(/[:.]/g, "-")}`;
+  await host.mkdir(PATHS.corrupt, { mode: 0o700 });
+  await host.writeFile(`${PATHS.corrupt}/${name}`, content, { mode: 0o600 });
+  await host.remove(p);
+}
+
+export async function readStatus(host: Host, o: StateOptions = {}): Promise<Status> {
   const text = await host.readText(PATHS.status);
-  if (!text) return { ...EMPTY };
+  if (text === undefined) return { ...EMPTY };
   try {
-    return { ...EMPTY, ...(JSON.parse(text) as Status) };
-  } catch {
+    const doc = JSON.parse(text) as Status;
+    if (typeof doc !== "object" || doc === null || Array.isArray(doc)) throw new Error("not an object");
+    return { ...EMPTY, ...doc };
+  } catch (err) {
+    await quarantine(host, PATHS.status, o, (err as Error).message);
     return { ...EMPTY };
   }
 }
@@ -55,8 +84,8 @@ export async function writeStatus(host: Host, s: Status): Promise<void> {
   await host.writeFile(PATHS.status, `${JSON.stringify(s, null, 2)}\n`, { mode: 0o644 });
 }
 
-export async function updateStatus(host: Host, patch: (s: Status) => void): Promise<Status> {
-  const s = await readStatus(host);
+export async function updateStatus(host: Host, patch: (s: Status) => void, o: StateOptions = {}): Promise<Status> {
+  const s = await readStatus(host, { ...o, mayWrite: true });
   patch(s);
   await writeStatus(host, s);
   return s;
@@ -75,24 +104,50 @@ export async function writeAppliedChecksum(host: Host, checksum: string): Promis
 export async function rememberBundle(host: Host, b: NodeGroupBundle): Promise<void> {
   await host.mkdir(PATHS.bundles, { mode: 0o700 });
   await host.writeFile(`${PATHS.bundles}/${b.checksum}.json`, JSON.stringify(b), { mode: 0o600 });
+  for (const { f } of (await storedBundles(host)).slice(KEEP_BUNDLES)) await host.remove(`${PATHS.bundles}/${f}`);
+}
+
+async function storedBundles(host: Host): Promise<{ f: string; mtime: number }[]> {
   const entries = await Promise.all(
     (await host.listDir(PATHS.bundles))
       .filter((f) => f.endsWith(".json"))
       .map(async (f) => ({ f, mtime: (await host.stat(`${PATHS.bundles}/${f}`))?.mtimeMs ?? 0 })),
   );
-  entries.sort((a, b) => b.mtime - a.mtime);
-  for (const { f } of entries.slice(KEEP_BUNDLES)) await host.remove(`${PATHS.bundles}/${f}`);
+  return entries.sort((a, b) => b.mtime - a.mtime);
 }
 
-/** The last good bundle: the one last applied, verified again on read. */
-export async function lastGoodBundle(host: Host): Promise<NodeGroupBundle | undefined> {
-  const s = await readStatus(host);
-  if (!s.appliedChecksum) return undefined;
-  const raw = await host.readFile(`${PATHS.bundles}/${s.appliedChecksum}.json`);
+async function readStoredBundle(host: Host, file: string, o: StateOptions): Promise<NodeGroupBundle | undefined> {
+  const p = `${PATHS.bundles}/${file}`;
+  const raw = await host.readFile(p);
   if (!raw) return undefined;
   try {
-    return acceptBundle(raw, `${PATHS.bundles}/${s.appliedChecksum}.json`);
-  } catch {
+    return acceptBundle(raw, p);
+  } catch (err) {
+    await quarantine(host, p, o, (err as Error).message);
     return undefined;
   }
+}
+
+/**
+ * The last good bundle: the one last applied, verified again on read; when that one is gone or
+ * corrupt (or status.json is), the newest stored bundle that verifies.
+ */
+export async function lastGoodBundle(
+  host: Host,
+  status: Status,
+  o: StateOptions = {},
+): Promise<NodeGroupBundle | undefined> {
+  if (status.appliedChecksum) {
+    const b = await readStoredBundle(host, `${status.appliedChecksum}.json`, o);
+    if (b) return b;
+  }
+  for (const { f } of await storedBundles(host)) {
+    if (f === `${status.appliedChecksum}.json`) continue;
+    const b = await readStoredBundle(host, f, o);
+    if (b) {
+      o.log?.warn({ checksum: b.checksum }, "using the newest stored bundle that verifies as the last good one");
+      return b;
+    }
+  }
+  return undefined;
 }

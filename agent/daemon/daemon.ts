@@ -2,21 +2,25 @@
 // checks the gate every minute, and starts a converge as a child process (`bashible once`)
 // only when one is due. The converge machinery (steps, diffs, package fetching) lives in the
 // child and leaves with it, so the daemon's memory stays close to a bare Node process.
+//
+// One check at a time: the minute timer, the bundle file watch and the watches can all ask for
+// a check; a request during a check is folded into one more check after it.
 import { spawn, type ChildProcess } from "node:child_process";
 import { watch as fsWatch, type FSWatcher } from "node:fs";
 import { mkdir, readFile, stat, writeFile } from "node:fs/promises";
 import path from "node:path";
 import type { Logger } from "../../lib/log/log.ts";
-import { sleep } from "../../lib/sleep.ts";
-import type { KubeClient, WatchEvent } from "../../lib/kube/client.ts";
+import type { KubeClient } from "../../lib/kube/client.ts";
 import type { KubeObject } from "../../lib/kube/api.ts";
-import { isForbidden, isGone, isUnauthorized, KubeTLSError } from "../../lib/kube/errors.ts";
+import { isForbidden, isUnauthorized, KubeTLSError } from "../../lib/kube/errors.ts";
+import { Informer } from "../../lib/informer.ts";
 import { API_VERSION } from "../../bundles/types.ts";
-import { readBootId } from "../facts.ts";
-import { decide } from "../converge/gate.ts";
 import { NODE_KEYS } from "../../bundles/names.ts";
 import { PATHS } from "../../bundles/paths.ts";
+import { readBootId } from "../facts.ts";
+import { decide } from "../converge/gate.ts";
 import { ApiBundleSource, FileBundleSource, type BundleSource } from "../converge/source.ts";
+import { agentArgv } from "../self.ts";
 
 export interface DaemonOptions {
   root: string;
@@ -32,6 +36,10 @@ export interface DaemonOptions {
   clients: KubeClient[];
   /** Resolves the credentials again (bootstrap token → kubelet.conf, rotated certificates). */
   reconnect?: () => Promise<KubeClient[]>;
+  /** Starts a converge child; tests pass a fake. */
+  spawnChild?: (argv: string[]) => ChildProcess;
+  /** Called with the Node as the watch sees it (fencing and early OOM read it too). */
+  onNode?: (node: KubeObject | undefined) => void;
 }
 
 /** Files whose change means the node's credentials changed. */
@@ -39,14 +47,14 @@ const CREDENTIAL_FILES = [PATHS.kubeletKubeconfig, PATHS.kubeletClientPem, PATHS
 
 const rootPath = (root: string, p: string) => path.join(root, p);
 
-/** Arguments to run `bashible <args>` as a child on this runtime, without the daemon's memory flags. */
-export function agentArgv(args: string[]): string[] {
-  const execArgv = process.execArgv.filter((a) => a !== "--lite-mode" && a !== "--use-openssl-ca");
-  return [...execArgv, process.argv[1] ?? "", ...args];
-}
-
-function jitter(ms: number): number {
-  return Math.round(ms * (0.5 + Math.random()));
+/** Reads a state file; only "no such file" means absent (EACCES or EIO are errors, not "none"). */
+async function readOptional(file: string): Promise<string | undefined> {
+  try {
+    return await readFile(file, "utf8");
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === "ENOENT") return undefined;
+    throw err;
+  }
 }
 
 export class Daemon {
@@ -63,11 +71,12 @@ export class Daemon {
   private timer: NodeJS.Timeout | undefined;
   private fileWatcher: FSWatcher | undefined;
   private clients: KubeClient[];
-  /** Aborted when the clients are replaced, so watches re-open with the new ones. */
-  private connection = new AbortController();
+  private informers: Informer[] = [];
   private credentialStamp = "";
   private needReconnect = false;
-  private bundleWatching = false;
+  private ticking: Promise<void> | undefined;
+  /** A check asked for while one ran: its reason, and whether it wanted a fetch. */
+  private again: { reason: string; fetch: boolean } | undefined;
   /** Completes when the daemon stopped and no child runs. */
   readonly done: Promise<void>;
   private resolveDone!: () => void;
@@ -80,14 +89,19 @@ export class Daemon {
     this.done = new Promise((r) => (this.resolveDone = r));
   }
 
+  /** The clients in use now (they are replaced when credentials change). */
+  get kube(): KubeClient | undefined {
+    return this.clients[0];
+  }
+
   async start(): Promise<void> {
     this.credentialStamp = await this.stampCredentials();
     if (this.o.bundleFile) {
       this.source = new FileBundleSource(this.o.bundleFile);
       this.watchFile(this.o.bundleFile);
     }
-    if (this.clients.length) void this.watchNode();
-    if (!this.o.bundleFile && this.group) this.useGroup(this.group);
+    if (!this.o.bundleFile && this.group) this.source = new ApiBundleSource(this.clients, this.group);
+    this.startWatches();
     this.log.info(
       {
         node: this.o.nodeName,
@@ -96,7 +110,8 @@ export class Daemon {
       },
       "bashible agent started",
     );
-    await this.tick("start");
+    this.check("start", true);
+    await this.ticking;
   }
 
   stop(): void {
@@ -104,23 +119,74 @@ export class Daemon {
     this.abort.abort();
     clearTimeout(this.timer);
     this.fileWatcher?.close();
+    this.stopWatches();
     for (const c of this.clients) c.close();
     if (this.child) this.child.kill("SIGTERM");
-    else this.resolveDone();
+    else void (this.ticking ?? Promise.resolve()).then(() => this.resolveDone());
   }
 
-  private useGroup(group: string): void {
-    const moved = this.group !== undefined && this.group !== group;
-    this.group = group;
-    this.source = new ApiBundleSource(this.clients, group);
-    this.etag = undefined;
-    if (moved) this.restartWatches();
-    if (!this.bundleWatching && this.clients.length) void this.watchBundle();
+  private stopWatches(): void {
+    for (const i of this.informers) i.stop();
+    this.informers = [];
   }
 
-  private restartWatches(): void {
-    this.connection.abort();
-    this.connection = new AbortController();
+  /** (Re)opens the Node and bundle watches with the current clients and group. */
+  private startWatches(): void {
+    this.stopWatches();
+    const kube = this.clients[0];
+    if (!kube || this.abort.signal.aborted) return;
+    const nodeInformer: Informer = new Informer({
+      client: kube,
+      path: "/api/v1/nodes",
+      fieldSelector: `metadata.name=${this.o.nodeName}`,
+      log: this.log,
+      // Only what the daemon and the resident loops read: the Node's status stays out of memory.
+      trim: (n) => ({
+        metadata: { name: n.metadata.name, labels: n.metadata.labels, annotations: n.metadata.annotations },
+      }),
+      onEvent: () => this.onNode(nodeInformer.objects.get(this.o.nodeName)),
+    });
+    nodeInformer.run();
+    this.informers.push(nodeInformer);
+    if (!this.o.bundleFile && this.group) {
+      const group = this.group;
+      const bundles: Informer = new Informer({
+        client: kube,
+        path: `/apis/${API_VERSION}/nodegroupbundles`,
+        fieldSelector: `metadata.name=${group}`,
+        log: this.log,
+        trim: (b) => ({ metadata: { name: b.metadata.name }, checksum: (b as { checksum?: string }).checksum }),
+        onEvent: () => {
+          const sum = (bundles.objects.get(group) as { checksum?: string } | undefined)?.checksum;
+          if (sum && sum !== this.bundleChecksum) {
+            this.bundleChecksum = sum;
+            this.etag = undefined;
+            this.check("bundle changed");
+          }
+        },
+      });
+      bundles.run();
+      this.informers.push(bundles);
+    }
+  }
+
+  private onNode(node: KubeObject | undefined): void {
+    const before = this.node;
+    this.node = node;
+    this.o.onNode?.(node);
+    if (!node) return;
+    const group = node.metadata.labels?.[NODE_KEYS.group];
+    if (!this.o.bundleFile && group && group !== this.group && !this.o.nodeGroup) {
+      this.log.info({ group }, "node group from the Node's label");
+      this.group = group;
+      this.source = new ApiBundleSource(this.clients, group);
+      this.etag = undefined;
+      this.startWatches();
+      this.check("node group known", true);
+    }
+    const rebootNow = node.metadata.annotations?.[NODE_KEYS.reboot] !== undefined;
+    const rebootBefore = before?.metadata.annotations?.[NODE_KEYS.reboot] !== undefined;
+    if (rebootNow && !rebootBefore) this.check("reboot requested");
   }
 
   /** mtimes of the credential files: a change (kubelet.conf appeared, certificate rotated) means reconnect. */
@@ -141,24 +207,31 @@ export class Daemon {
     if (!this.o.reconnect) return;
     const stamp = await this.stampCredentials();
     if (stamp === this.credentialStamp && !this.needReconnect) return;
+    let fresh: KubeClient[];
     try {
-      const fresh = await this.o.reconnect();
-      for (const c of this.clients) c.close();
-      this.clients = fresh;
-      this.credentialStamp = stamp;
-      this.needReconnect = false;
-      if (this.group && !this.o.bundleFile) this.source = new ApiBundleSource(fresh, this.group);
-      this.restartWatches();
-      this.log.info({ via: fresh.map((c) => c.connection.source) }, "cluster credentials reloaded");
+      fresh = await this.o.reconnect();
     } catch (err) {
       this.log.warn(`cannot reload cluster credentials: ${(err as Error).message}`);
+      return;
     }
+    if (this.abort.signal.aborted) {
+      for (const c of fresh) c.close();
+      return;
+    }
+    const old = this.clients;
+    this.clients = fresh;
+    this.credentialStamp = stamp;
+    this.needReconnect = false;
+    if (this.group && !this.o.bundleFile) this.source = new ApiBundleSource(fresh, this.group);
+    this.startWatches();
+    for (const c of old) c.close();
+    this.log.info({ via: fresh.map((c) => c.connection.source) }, "cluster credentials reloaded");
   }
 
   private schedule(): void {
     clearTimeout(this.timer);
     if (this.abort.signal.aborted) return;
-    this.timer = setTimeout(() => void this.tick("minute tick"), this.o.tickMs);
+    this.timer = setTimeout(() => this.check("minute tick", true), this.o.tickMs);
     const state = {
       pid: process.pid,
       nextTickAt: new Date(Date.now() + this.o.tickMs).toISOString(),
@@ -167,18 +240,39 @@ export class Daemon {
     const file = rootPath(this.o.root, PATHS.daemon);
     void mkdir(path.dirname(file), { recursive: true })
       .then(() => writeFile(file, `${JSON.stringify(state)}\n`))
-      .catch(() => undefined);
+      .catch((err) => this.log.warn(`cannot write ${PATHS.daemon}: ${(err as Error).message}`));
+  }
+
+  /**
+   * Asks for a check: the gate, after a conditional fetch when `fetch`. Never two at once; a
+   * request during a check runs once after it.
+   */
+  private check(reason: string, fetch = false): void {
+    if (this.abort.signal.aborted) return;
+    if (this.ticking) {
+      this.again = { reason, fetch: fetch || (this.again?.fetch ?? false) };
+      return;
+    }
+    this.ticking = this.tick(reason, fetch).finally(() => {
+      this.ticking = undefined;
+      const again = this.again;
+      this.again = undefined;
+      if (again && !this.abort.signal.aborted) this.check(again.reason, again.fetch);
+      else if (this.abort.signal.aborted && !this.child) this.resolveDone();
+    });
   }
 
   /** The safety net: one conditional request, then the gate. */
-  private async tick(reason: string): Promise<void> {
+  private async tick(reason: string, fetch = true): Promise<void> {
     try {
-      await this.maybeReconnect();
-      if (this.source) {
-        const got = await this.source.fetch(this.etag);
-        if (!("notModified" in got)) {
-          this.etag = got.etag;
-          this.bundleChecksum = checksumOf(got.raw);
+      if (fetch) {
+        await this.maybeReconnect();
+        if (this.source) {
+          const got = await this.source.fetch(this.etag);
+          if (!("notModified" in got)) {
+            this.etag = got.etag;
+            this.bundleChecksum = checksumOf(got.raw);
+          }
         }
       }
     } catch (err) {
@@ -188,39 +282,41 @@ export class Daemon {
     }
     try {
       // Without a fresh bundle the gate still sees a reboot or a removed checksum file.
-      await this.check(reason);
-    } finally {
-      this.schedule();
-    }
-  }
-
-  private async check(reason: string): Promise<void> {
-    try {
       await this.checkGate(reason);
     } catch (err) {
       this.log.warn(`check: ${(err as Error).message}`);
+    } finally {
+      if (fetch) this.schedule();
     }
   }
 
   private async checkGate(reason: string): Promise<void> {
-    const [applied, appliedBootId, bootId] = await Promise.all([
-      readFile(rootPath(this.o.root, PATHS.configurationChecksum), "utf8").then(
-        (s) => s.trim() || undefined,
-        () => undefined,
+    const [applied, status, rebootFlag, bootId] = await Promise.all([
+      readOptional(rootPath(this.o.root, PATHS.configurationChecksum)).then((s) => s?.trim() || undefined),
+      readOptional(rootPath(this.o.root, PATHS.status)),
+      stat(rootPath(this.o.root, `${PATHS.flags}/reboot`)).then(
+        () => true,
+        (err: NodeJS.ErrnoException) => {
+          if (err.code === "ENOENT") return false;
+          throw err;
+        },
       ),
-      // A missing or torn status.json means "no applied boot": the gate then runs a converge,
-      // which rewrites it.
-      readFile(rootPath(this.o.root, PATHS.status), "utf8")
-        .then((s) => (JSON.parse(s) as { appliedBootId?: string }).appliedBootId)
-        .catch(() => undefined),
       readBootId(),
     ]);
+    let appliedBootId: string | undefined;
+    try {
+      appliedBootId = status ? (JSON.parse(status) as { appliedBootId?: string }).appliedBootId : undefined;
+    } catch {
+      // A torn status.json means "no applied boot": the gate runs a converge, which sets it aside.
+      appliedBootId = undefined;
+    }
     const gate = decide({
       bundleChecksum: this.bundleChecksum ?? applied ?? "",
       bootId,
       appliedChecksum: applied,
       appliedBootId,
       rebootRequested: this.node?.metadata.annotations?.[NODE_KEYS.reboot] !== undefined,
+      rebootPending: rebootFlag,
     });
     if (gate.run) {
       this.trigger(`${reason}: ${gate.reason}`);
@@ -242,7 +338,13 @@ export class Daemon {
       return;
     }
     this.log.info({ reason }, "converge due");
-    const child = spawn(process.execPath, agentArgv(["once", ...this.o.childArgs]), { stdio: "inherit" });
+    const argv = agentArgv(["once", ...this.o.childArgs]);
+    const child = this.o.spawnChild
+      ? this.o.spawnChild(argv)
+      : spawn(argv[0] as string, argv.slice(1), {
+          stdio: "inherit",
+          env: { ...process.env, BASHIBLE_DAEMON_PID: String(process.pid) },
+        });
     this.child = child;
     child.once("exit", (code, signal) => {
       this.child = undefined;
@@ -250,7 +352,7 @@ export class Daemon {
       if (this.abort.signal.aborted) return this.resolveDone();
       const again = this.rerun;
       this.rerun = undefined;
-      if (again) void this.check(again);
+      if (again) this.check(again);
     });
   }
 
@@ -260,92 +362,7 @@ export class Daemon {
     this.fileWatcher = fsWatch(path.dirname(file), (_ev, name) => {
       if (name !== path.basename(file)) return;
       clearTimeout(debounce);
-      debounce = setTimeout(() => void this.tick("bundle file changed"), 100);
-    });
-  }
-
-  /**
-   * Keeps a watch open with the current clients: re-opens it when the server ends it, after a
-   * failure (jittered backoff), and at once when the clients are replaced.
-   */
-  private async follow<T>(
-    what: string,
-    target: () => { path: string; fieldSelector: string } | undefined,
-    onEvent: (ev: WatchEvent<T>) => void,
-  ): Promise<void> {
-    let backoff = 1000;
-    let resourceVersion: string | undefined;
-    while (!this.abort.signal.aborted) {
-      const kube = this.clients[0];
-      const t = target();
-      if (!kube || !t) return;
-      const signal = AbortSignal.any([this.abort.signal, this.connection.signal]);
-      try {
-        for await (const ev of kube.watch<T>(t.path, { ...t, resourceVersion, timeoutSeconds: 300, signal })) {
-          backoff = 1000;
-          resourceVersion = (ev.object as { metadata?: { resourceVersion?: string } }).metadata?.resourceVersion;
-          onEvent(ev);
-        }
-      } catch (err) {
-        if (isGone(err)) resourceVersion = undefined;
-        if (signal.aborted) continue;
-        this.log.warn(`${what} watch: ${(err as Error).message}; retrying`);
-        await sleep(jitter(backoff), signal);
-        backoff = Math.min(backoff * 2, 30_000);
-      }
-      if (this.connection.signal.aborted || signal.aborted) resourceVersion = undefined;
-    }
-  }
-
-  /** Follows own Node: the group label and the reboot annotation. */
-  private watchNode(): Promise<void> {
-    return this.follow<KubeObject>(
-      "Node",
-      () => ({ path: "/api/v1/nodes", fieldSelector: `metadata.name=${this.o.nodeName}` }),
-      (ev) => {
-        if (ev.type === "BOOKMARK" || ev.type === "DELETED") return;
-        const before = this.node;
-        // Only what the daemon reads: the Node's status (images, conditions) stays out of memory.
-        this.node = {
-          metadata: {
-            name: ev.object.metadata.name,
-            labels: ev.object.metadata.labels,
-            annotations: ev.object.metadata.annotations,
-          },
-        };
-        const group = ev.object.metadata.labels?.[NODE_KEYS.group];
-        if (!this.o.bundleFile && group && group !== this.group && !this.o.nodeGroup) {
-          this.log.info({ group }, "node group from the Node's label");
-          this.useGroup(group);
-          void this.tick("node group known");
-        }
-        const rebootNow = ev.object.metadata.annotations?.[NODE_KEYS.reboot] !== undefined;
-        const rebootBefore = before?.metadata.annotations?.[NODE_KEYS.reboot] !== undefined;
-        if (rebootNow && !rebootBefore) void this.check("reboot requested");
-      },
-    );
-  }
-
-  /** Follows the bundle: a new checksum starts a converge within moments. */
-  private watchBundle(): Promise<void> {
-    this.bundleWatching = true;
-    return this.follow<{ checksum?: string }>(
-      "bundle",
-      () =>
-        this.group
-          ? { path: `/apis/${API_VERSION}/nodegroupbundles`, fieldSelector: `metadata.name=${this.group}` }
-          : undefined,
-      (ev) => {
-        if (ev.type !== "ADDED" && ev.type !== "MODIFIED") return;
-        const sum = ev.object.checksum;
-        if (sum && sum !== this.bundleChecksum) {
-          this.bundleChecksum = sum;
-          this.etag = undefined;
-          void this.check("bundle changed");
-        }
-      },
-    ).finally(() => {
-      this.bundleWatching = false;
+      debounce = setTimeout(() => this.check("bundle file changed", true), 100);
     });
   }
 }

@@ -1,14 +1,20 @@
-// The node as steps see it. Every effect on the machine goes through here: files (atomic
-// writes with explicit mode and owner), commands, systemd. Paths are node paths ("/etc/…");
-// the host maps them under its root, so the same step converges "/", a sandbox or a test tree.
-// In a sandbox (root ≠ "/") actions that would reach the real machine (unit restarts, reboot)
-// are recorded in <root>/var/lib/bashible/sandbox-actions.log instead of performed.
-import { randomBytes } from "node:crypto";
-import { spawn } from "node:child_process";
+// The node as steps see it. Every effect on the machine goes through here: files (confined to
+// the root, never through a link: confined.ts), commands (runner.ts), systemd. Paths are node
+// paths ("/etc/…"); the host maps them under its root, so the same step converges "/", a
+// sandbox or a test tree. In a sandbox (root ≠ "/") actions that would reach the real machine
+// (unit restarts, reboot) are recorded in <root>/var/lib/bashible/sandbox-actions.log instead.
 import { createReadStream } from "node:fs";
-import { appendFile, chmod, chown, lstat, mkdir, open, readdir, readFile, rename, rm } from "node:fs/promises";
+import type { FileHandle } from "node:fs/promises";
+import { constants as C } from "node:fs";
+import { open } from "node:fs/promises";
 import path from "node:path";
 import type { BundleFamily } from "../../bundles/os-families.ts";
+import { PATHS } from "../../bundles/paths.ts";
+import { ConfinedFs, type FileStat, type Ownership } from "./confined.ts";
+import { CommandError, mustRun, redact, run, type RunOptions, type RunResult } from "./runner.ts";
+
+export type { FileStat, Ownership } from "./confined.ts";
+export { CommandError, MissingProgramError, type RunResult } from "./runner.ts";
 
 export interface OsProfile {
   id: string;
@@ -17,228 +23,152 @@ export interface OsProfile {
   packageManager: "apt" | "dnf" | "apt-rpm";
 }
 
-export interface FileStat {
-  mode: number;
-  uid: number;
-  gid: number;
-  size: number;
-  mtimeMs: number;
-  isFile: boolean;
-  isDirectory: boolean;
-  isSymlink: boolean;
-}
-
-export interface WriteOptions {
-  mode: number;
-  uid?: number;
-  gid?: number;
-}
-
-export interface RunOptions {
-  env?: Record<string, string>;
-  input?: string | Buffer;
+export interface HostRunOptions extends Omit<RunOptions, "cwd" | "onLine"> {
+  /** Node path of the working directory. */
   cwd?: string;
-  timeoutMs?: number;
-  /** Append stdout+stderr to this node path (e.g. a step log). */
+  /** Node path of a log file each output line is appended to (a step log). */
   logFile?: string;
-  signal?: AbortSignal;
+  /** Each output line (already redacted), e.g. to the journal. */
+  onLine?: RunOptions["onLine"];
 }
-
-export interface RunResult {
-  exitCode: number;
-  stdout: string;
-  stderr: string;
-}
-
-export class CommandError extends Error {
-  override name = "CommandError";
-  readonly argv: string[];
-  readonly result: RunResult;
-  constructor(argv: string[], result: RunResult) {
-    // One line: the last line of output says most; the full output is in .result and the step log.
-    const last = (result.stderr.trim() || result.stdout.trim()).split("\n").pop() ?? "";
-    super(`command failed (exit ${result.exitCode}): ${argv.join(" ")}${last ? `: ${last}` : ""}`);
-    this.argv = argv;
-    this.result = result;
-  }
-}
-
-export const SANDBOX_ACTIONS_LOG = "/var/lib/bashible/sandbox-actions.log";
 
 export class Host {
   readonly root: string;
   readonly os: OsProfile;
   readonly sandbox: boolean;
+  readonly fs: ConfinedFs;
 
   constructor(root: string, os: OsProfile) {
     this.root = path.resolve(root);
     this.os = os;
     this.sandbox = this.root !== "/";
+    this.fs = new ConfinedFs(this.root);
   }
 
-  /** Maps a node path to the real path under the root. */
+  /**
+   * The real path of a node path, lexically (for messages and for arguments of programs, which
+   * `run` checks for links before it starts them). File access goes through the confined
+   * methods below, never through this string.
+   */
   path(nodePath: string): string {
-    if (!path.isAbsolute(nodePath)) throw new Error(`host: node paths are absolute, got '${nodePath}'`);
-    const real = path.join(this.root, nodePath);
-    if (real !== this.root && !real.startsWith(this.root === "/" ? "/" : `${this.root}/`)) {
-      throw new Error(`host: ${nodePath} escapes the root ${this.root}`);
-    }
-    return real;
+    if (!path.posix.isAbsolute(nodePath)) throw new Error(`host: node paths are absolute, got '${nodePath}'`);
+    if (nodePath.split("/").includes("..")) throw new Error(`host: node path '${nodePath}' contains '..'`);
+    return path.join(this.root, path.posix.normalize(nodePath));
   }
 
-  async readFile(p: string): Promise<Buffer | undefined> {
-    try {
-      return await readFile(this.path(p));
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code === "ENOENT") return undefined;
-      throw err;
-    }
+  /** The node path of a real path under the root, or undefined when it is outside. */
+  nodePathOf(real: string): string | undefined {
+    if (this.root === "/") return real.startsWith("/") ? real : undefined;
+    if (real === this.root) return "/";
+    return real.startsWith(`${this.root}/`) ? real.slice(this.root.length) : undefined;
   }
 
-  async readText(p: string): Promise<string | undefined> {
-    return (await this.readFile(p))?.toString("utf8");
+  readFile(p: string, maxBytes?: number): Promise<Buffer | undefined> {
+    return this.fs.readFile(p, maxBytes);
   }
 
-  async stat(p: string): Promise<FileStat | undefined> {
-    try {
-      const s = await lstat(this.path(p));
-      return {
-        mode: s.mode & 0o7777,
-        uid: s.uid,
-        gid: s.gid,
-        size: s.size,
-        mtimeMs: s.mtimeMs,
-        isFile: s.isFile(),
-        isDirectory: s.isDirectory(),
-        isSymlink: s.isSymbolicLink(),
-      };
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code === "ENOENT") return undefined;
-      throw err;
-    }
+  async readText(p: string, maxBytes?: number): Promise<string | undefined> {
+    return (await this.fs.readFile(p, maxBytes))?.toString("utf8");
+  }
+
+  stat(p: string): Promise<FileStat | undefined> {
+    return this.fs.lstat(p);
   }
 
   async exists(p: string): Promise<boolean> {
-    return (await this.stat(p)) !== undefined;
+    return (await this.fs.lstat(p)) !== undefined;
   }
 
-  /** Entry names of a directory; [] when it does not exist. */
-  async listDir(p: string): Promise<string[]> {
-    try {
-      return (await readdir(this.path(p))).sort();
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code === "ENOENT") return [];
-      throw err;
-    }
+  listDir(p: string): Promise<string[]> {
+    return this.fs.listDir(p);
   }
 
-  /** mkdir -p, then mode and owner on the last component. */
-  async mkdir(p: string, opts: WriteOptions = { mode: 0o755 }): Promise<void> {
-    const real = this.path(p);
-    await mkdir(real, { recursive: true, mode: opts.mode });
-    await chmod(real, opts.mode);
-    if (opts.uid !== undefined || opts.gid !== undefined) await chown(real, opts.uid ?? 0, opts.gid ?? 0);
+  /** mkdir -p, then exactly this mode and owner on the last component. */
+  mkdir(p: string, own: Ownership = { mode: 0o755 }): Promise<void> {
+    return this.fs.mkdir(p, own);
   }
 
-  /**
-   * Atomic write: temp file in the same directory, fsync, chmod/chown, rename, fsync the
-   * directory. A crash leaves either the old or the new file, never a torn one.
-   */
-  async writeFile(p: string, content: string | Buffer, opts: WriteOptions): Promise<void> {
-    await this.writeFileStream(p, [typeof content === "string" ? Buffer.from(content) : content], opts);
-  }
-
-  /**
-   * Atomic write from a stream: chunks go to a temp file beside the target; only when the
-   * source ends without throwing is the file fsynced and renamed into place. A source that
-   * throws (a network error, a failed checksum check in the caller's generator) leaves the
-   * target untouched and no temp file behind; a killed process leaves a dot-file that the next
-   * write of the same file sweeps up.
-   */
-  async writeFileStream(
+  /** Atomic write (temp file, fsync, rename, fsync dir); `check` validates the candidate first. */
+  writeFile(
     p: string,
-    source: Iterable<Uint8Array> | AsyncIterable<Uint8Array>,
-    opts: WriteOptions,
+    content: string | Buffer,
+    own: Ownership,
+    o: { check?: (candidate: string) => Promise<void> } = {},
   ): Promise<void> {
-    const real = this.path(p);
-    const dir = path.dirname(real);
-    await mkdir(dir, { recursive: true });
-    const tmpPrefix = `.${path.basename(real)}.bashible-`;
-    for (const name of await readdir(dir)) {
-      if (name.startsWith(tmpPrefix)) await rm(path.join(dir, name), { force: true });
-    }
-    const tmp = path.join(dir, `${tmpPrefix}${randomBytes(4).toString("hex")}`);
-    const fh = await open(tmp, "w", opts.mode);
-    try {
-      for await (const chunk of source) await fh.write(chunk);
-      await fh.chmod(opts.mode);
-      if (opts.uid !== undefined || opts.gid !== undefined) await fh.chown(opts.uid ?? 0, opts.gid ?? 0);
-      await fh.sync();
-    } catch (err) {
-      await fh.close();
-      await rm(tmp, { force: true });
-      throw err;
-    }
-    await fh.close();
-    await rename(tmp, real);
-    await fsyncDir(dir);
+    return this.fs.writeAtomic(p, [typeof content === "string" ? Buffer.from(content) : content], own, o);
   }
 
-  /** Reads a file as a stream of chunks (for hashing large files without loading them). */
+  /**
+   * Atomic write from a stream: only when the source ends without throwing is the file
+   * renamed into place. A source that throws (a network error, a failed digest check) leaves
+   * the target untouched and no temp file behind.
+   */
+  writeFileStream(p: string, source: Iterable<Uint8Array> | AsyncIterable<Uint8Array>, own: Ownership): Promise<void> {
+    return this.fs.writeAtomic(p, source, own);
+  }
+
+  /** Reads a regular file as a stream of chunks (hashing large files without loading them). */
   async *readStream(p: string): AsyncGenerator<Buffer> {
-    for await (const chunk of createReadStream(this.path(p))) yield chunk as Buffer;
+    const f = await this.fs.openFile(p);
+    if (!f) throw Object.assign(new Error(`${p}: no such file`), { code: "ENOENT" });
+    for await (const chunk of createReadStream("", { fd: f.fh, autoClose: true })) yield chunk as Buffer;
   }
 
   /** Appends to a log-like file (not atomic; for logs only). */
-  async appendFile(p: string, text: string): Promise<void> {
-    const real = this.path(p);
-    await mkdir(path.dirname(real), { recursive: true });
-    await appendFile(real, text);
+  appendFile(p: string, text: string): Promise<void> {
+    return this.fs.append(p, text);
   }
 
-  async remove(p: string, opts: { recursive?: boolean } = {}): Promise<void> {
-    await rm(this.path(p), { force: true, recursive: opts.recursive ?? false });
+  remove(p: string, opts: { recursive?: boolean } = {}): Promise<void> {
+    return this.fs.remove(p, opts);
   }
 
-  /** Runs a command on this machine (argv[0] found on PATH). Steps make argv root-aware. */
-  run(argv: string[], opts: RunOptions = {}): Promise<RunResult> {
-    const [cmd, ...args] = argv;
-    if (!cmd) return Promise.reject(new Error("host.run: empty argv"));
-    return new Promise((resolve, reject) => {
-      const child = spawn(cmd, args, {
-        cwd: opts.cwd ? this.path(opts.cwd) : undefined,
-        env: { ...process.env, ...opts.env },
-        stdio: ["pipe", "pipe", "pipe"],
-        signal: opts.signal,
-        timeout: opts.timeoutMs,
-        killSignal: "SIGKILL",
+  symlink(p: string, target: string): Promise<void> {
+    return this.fs.symlink(p, target);
+  }
+
+  /** Refuses to start a program on a path under the root that runs through a link. */
+  private async checkPaths(argv: string[], cwd: string | undefined): Promise<void> {
+    for (const a of [...argv, ...(cwd ? [cwd] : [])]) {
+      const nodePath = this.root === "/" ? undefined : this.nodePathOf(a);
+      if (nodePath) await this.fs.realPath(nodePath);
+    }
+  }
+
+  private async openLog(p: string): Promise<FileHandle> {
+    await this.fs.mkdir(path.posix.dirname(p), { mode: 0o755 });
+    const real = await this.fs.realPath(p);
+    return open(real, C.O_WRONLY | C.O_CREAT | C.O_APPEND | C.O_NOFOLLOW, 0o640);
+  }
+
+  /** Runs a program on this machine (argv[0] found on PATH); output streams to logFile and onLine. */
+  async run(argv: string[], o: HostRunOptions = {}): Promise<RunResult> {
+    const cwd = o.cwd ? await this.fs.realPath(o.cwd) : undefined;
+    await this.checkPaths(argv, cwd);
+    const log = o.logFile ? await this.openLog(o.logFile) : undefined;
+    let pending = Promise.resolve();
+    try {
+      if (log) await log.write(`$ ${redact(argv.join(" "), o.secrets)}\n`);
+      const r = await run(argv, {
+        ...o,
+        cwd,
+        onLine: (stream, line) => {
+          o.onLine?.(stream, line);
+          if (log) pending = pending.then(() => log.write(`${line}\n`).then(() => undefined));
+        },
       });
-      const out: Buffer[] = [];
-      const err: Buffer[] = [];
-      child.stdout.on("data", (d: Buffer) => out.push(d));
-      child.stderr.on("data", (d: Buffer) => err.push(d));
-      child.once("error", reject);
-      child.once("close", async (code, signal) => {
-        const result = {
-          exitCode: code ?? (signal ? 128 : 1),
-          stdout: Buffer.concat(out).toString("utf8"),
-          stderr: Buffer.concat(err).toString("utf8") + (signal ? `\nkilled by ${signal}` : ""),
-        };
-        if (opts.logFile) {
-          await this.appendFile(opts.logFile, `$ ${argv.join(" ")}\n${result.stdout}${result.stderr}`).catch(
-            () => undefined,
-          );
-        }
-        resolve(result);
-      });
-      child.stdin.end(opts.input);
-    });
+      await pending;
+      return r;
+    } finally {
+      await pending.catch(() => undefined);
+      await log?.close();
+    }
   }
 
   /** Like run, but a non-zero exit throws CommandError. */
-  async mustRun(argv: string[], opts: RunOptions = {}): Promise<RunResult> {
-    const r = await this.run(argv, opts);
-    if (r.exitCode !== 0) throw new CommandError(argv, r);
+  async mustRun(argv: string[], o: HostRunOptions = {}): Promise<RunResult> {
+    const r = await this.run(argv, o);
+    if (r.exitCode !== 0 || r.killed) throw new CommandError(argv, r, redact(argv.join(" "), o.secrets));
     return r;
   }
 
@@ -246,34 +176,27 @@ export class Host {
    * systemctl. On "/" it runs; in a sandbox, enable/disable work offline (`--root`) and
    * everything that touches running units is recorded instead.
    */
-  async systemctl(action: "daemon-reload" | "restart" | "start" | "stop" | "enable" | "disable", unit?: string) {
+  async systemctl(
+    action: "daemon-reload" | "restart" | "reload" | "start" | "stop" | "enable" | "disable" | "is-enabled",
+    unit?: string,
+  ): Promise<RunResult> {
     const argv = ["systemctl", action, ...(unit ? [unit] : [])];
-    if (!this.sandbox) return this.mustRun(argv);
-    if (action === "enable" || action === "disable") {
-      return this.mustRun(["systemctl", `--root=${this.root}`, action, ...(unit ? [unit] : [])]);
+    if (!this.sandbox) return action === "is-enabled" ? run(argv) : mustRun(argv);
+    if (action === "enable" || action === "disable" || action === "is-enabled") {
+      const offline = ["systemctl", `--root=${this.root}`, action, ...(unit ? [unit] : [])];
+      return action === "is-enabled" ? run(offline) : mustRun(offline);
     }
     await this.recordSandboxAction(argv.join(" "));
     return { exitCode: 0, stdout: "", stderr: "" };
   }
 
-  /** Asks for a reboot; recorded in a sandbox. */
+  /** Asks systemd for a reboot; recorded in a sandbox. */
   async reboot(): Promise<void> {
     if (this.sandbox) return this.recordSandboxAction("reboot");
-    await this.mustRun(["shutdown", "-r", "+0"]);
+    await mustRun(["systemctl", "reboot"]);
   }
 
   async recordSandboxAction(what: string): Promise<void> {
-    await mkdir(path.dirname(this.path(SANDBOX_ACTIONS_LOG)), { recursive: true });
-    await appendFile(this.path(SANDBOX_ACTIONS_LOG), `${new Date().toISOString()} ${what}\n`);
-  }
-}
-
-/** fsync a directory, so a rename in it survives a crash. */
-export async function fsyncDir(dir: string): Promise<void> {
-  const fh = await open(dir, "r");
-  try {
-    await fh.sync();
-  } finally {
-    await fh.close();
+    await this.fs.append(PATHS.sandboxActions, `${new Date().toISOString()} ${what}\n`);
   }
 }

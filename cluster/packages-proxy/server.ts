@@ -1,21 +1,24 @@
 // The registry-packages proxy: nodes ask `GET /package?digest=sha256:…&repository=…` with a
-// bearer token; the proxy pulls the blob from an OCI distribution registry, verifies its sha256,
-// caches it on disk by digest, and streams it with ETag = digest. One upstream fetch per digest
-// however many nodes ask at once (in-flight fetches are shared). A blob whose bytes do not hash
-// to the asked digest (tampered, truncated) is never cached and never served: 502.
+// bearer token, where the digest names the package's image manifest (as in Deckhouse). The proxy
+// pulls that manifest from an OCI distribution registry, verifies its sha256, then the manifest's
+// last layer, verifies that too, caches both on disk by digest, and streams the layer with the
+// manifest in header X-Package-Manifest (base64), so the node can verify the whole chain itself.
+// One upstream fetch per digest however many nodes ask at once (in-flight fetches are shared).
+// Bytes that do not hash to their digest (tampered, truncated) are never cached and never
+// served: 502.
 //
 // The proxy serves a blob only after the whole of it is verified and cached, so no node ever
 // receives bytes that the proxy has not checked (nodes check again: the design trusts no hop).
 import { createHash, randomBytes, timingSafeEqual } from "node:crypto";
 import { createReadStream } from "node:fs";
-import { mkdir, open, rename, rm, stat } from "node:fs/promises";
+import { mkdir, open, readFile, rename, rm, stat } from "node:fs/promises";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import https from "node:https";
 import type { AddressInfo } from "node:net";
 import path from "node:path";
 import got, { HTTPError, RequestError } from "got";
 import type { Logger } from "../../lib/log/log.ts";
-import { fsyncDir } from "../../agent/host/host.ts";
+import { fsyncDir } from "../../lib/atomic-write.ts";
 
 export const DIGEST_RE = /^sha256:[0-9a-f]{64}$/;
 /** OCI distribution repository name (path components of lowercase alphanumerics and separators). */
@@ -78,6 +81,12 @@ export class UpstreamError extends Error {
 }
 
 const RETRY_STATUS = new Set([408, 429, 500, 502, 503, 504]);
+const MANIFEST_TYPES = [
+  "application/vnd.oci.image.manifest.v1+json",
+  "application/vnd.docker.distribution.manifest.v2+json",
+].join(", ");
+/** The response header carrying the package's manifest (base64), for the node's own verification. */
+export const MANIFEST_HEADER = "X-Package-Manifest";
 const RETRY_CODES = new Set(["ETIMEDOUT", "ECONNRESET", "ECONNREFUSED", "EPIPE", "EAI_AGAIN", "ENETUNREACH"]);
 
 function sameSecret(a: string, b: string): boolean {
@@ -107,8 +116,37 @@ export class BlobCache {
     return path.join(this.dir, "sha256", hex.slice(0, 2), hex);
   }
 
-  /** Path of the verified cached blob, fetching it once (shared by concurrent callers). */
-  async get(repository: string, digest: string): Promise<{ file: string; hit: boolean }> {
+  /** The verified manifest's bytes and the digest of its last layer (the package's layer). */
+  async manifest(repository: string, digest: string): Promise<{ bytes: Buffer; layer: string; hit: boolean }> {
+    let got = await this.get(repository, digest, "manifest");
+    let bytes = await readFile(got.file);
+    if (!this.verified.has(digest) && `sha256:${createHash("sha256").update(bytes).digest("hex")}` !== digest) {
+      // Rotted on disk since an earlier run cached it: fetch it again.
+      this.log.error({ digest, file: got.file }, "cached manifest does not match its digest; fetching it again");
+      await rm(got.file, { force: true });
+      got = await this.get(repository, digest, "manifest");
+      bytes = await readFile(got.file);
+    }
+    this.verified.add(digest);
+    let layers: { digest?: unknown }[] | undefined;
+    try {
+      layers = (JSON.parse(bytes.toString("utf8")) as { layers?: { digest?: unknown }[] }).layers;
+    } catch {
+      throw new UpstreamError(`${repository}@${digest} is not a JSON image manifest`, 422);
+    }
+    const layer = layers?.[layers.length - 1]?.digest;
+    if (typeof layer !== "string" || !DIGEST_RE.test(layer)) {
+      throw new UpstreamError(`${repository}@${digest} names no layer (an image index? a package is one image)`, 422);
+    }
+    return { bytes, layer, hit: got.hit };
+  }
+
+  /** Path of the verified cached blob or manifest, fetching it once (shared by concurrent callers). */
+  async get(
+    repository: string,
+    digest: string,
+    kind: "blob" | "manifest" = "blob",
+  ): Promise<{ file: string; hit: boolean }> {
     const file = this.file(digest);
     if (
       await stat(file).then(
@@ -119,19 +157,19 @@ export class BlobCache {
       return { file, hit: true };
     let p = this.inflight.get(digest);
     if (!p) {
-      p = this.fetch(repository, digest, file).finally(() => this.inflight.delete(digest));
+      p = this.fetch(repository, digest, file, kind).finally(() => this.inflight.delete(digest));
       this.inflight.set(digest, p);
     }
     return { file: await p, hit: false };
   }
 
-  private async fetch(repository: string, digest: string, file: string): Promise<string> {
+  private async fetch(repository: string, digest: string, file: string, kind: "blob" | "manifest"): Promise<string> {
     this.fetches++;
     const attempts = this.upstream.attempts ?? 3;
     let last: unknown;
     for (let attempt = 1; attempt <= attempts; attempt++) {
       try {
-        return await this.fetchOnce(repository, digest, file);
+        return await this.fetchOnce(repository, digest, file, kind);
       } catch (err) {
         last = err;
         if (!retryable(err) || attempt === attempts) break;
@@ -142,15 +180,21 @@ export class BlobCache {
     }
     if (last instanceof UpstreamError) throw last;
     const notFound = last instanceof HTTPError && last.response.statusCode === 404;
-    throw new UpstreamError(describe(last, this.blobUrl(repository, digest)), notFound ? 404 : 502);
+    throw new UpstreamError(describe(last, this.url(repository, digest, kind)), notFound ? 404 : 502);
   }
 
-  private blobUrl(repository: string, digest: string): string {
-    return `${this.upstream.url.replace(/\/+$/, "")}/v2/${repository}/blobs/${digest}`;
+  private url(repository: string, digest: string, kind: "blob" | "manifest"): string {
+    return `${this.upstream.url.replace(/\/+$/, "")}/v2/${repository}/${kind === "blob" ? "blobs" : "manifests"}/${digest}`;
   }
 
-  private async fetchOnce(repository: string, digest: string, file: string): Promise<string> {
-    const url = this.blobUrl(repository, digest);
+  private async fetchOnce(
+    repository: string,
+    digest: string,
+    file: string,
+    kind: "blob" | "manifest",
+  ): Promise<string> {
+    const url = this.url(repository, digest, kind);
+    const accept = kind === "manifest" ? { accept: MANIFEST_TYPES } : {};
     const started = Date.now();
     let auth = this.bearer.get(repository) ?? this.basicAuth();
     for (let round = 0; round < 2; round++) {
@@ -162,7 +206,7 @@ export class BlobCache {
       let bytes = 0;
       try {
         const stream = got.stream(url, {
-          headers: auth ? { authorization: auth } : {},
+          headers: { ...accept, ...(auth ? { authorization: auth } : {}) },
           https: { certificateAuthority: this.upstream.ca },
           retry: { limit: 0 },
           timeout: { request: this.upstream.timeoutMs ?? 600_000 },
@@ -175,14 +219,17 @@ export class BlobCache {
         const got_ = `sha256:${hash.digest("hex")}`;
         if (got_ !== digest) {
           throw new UpstreamError(
-            `upstream blob ${repository}@${digest} failed verification: its ${bytes} bytes hash to ${got_}; not cached, not served (tampered or corrupted registry storage?)`,
+            `upstream ${kind} ${repository}@${digest} failed verification: its ${bytes} bytes hash to ${got_}; not cached, not served (tampered or corrupted registry storage?)`,
           );
         }
         await fh.sync();
         await fh.close();
         await rename(tmp, file);
         await fsyncDir(dir);
-        this.log.info({ digest, repository, bytes, ms: Date.now() - started }, "fetched and verified upstream blob");
+        this.log.info(
+          { digest, repository, kind, bytes, ms: Date.now() - started },
+          `fetched and verified upstream ${kind}`,
+        );
         this.verified.add(digest);
         return file;
       } catch (err) {
@@ -315,10 +362,15 @@ export function createHandler(opts: ProxyOptions, cache: BlobCache, stats: Proxy
       return void res.end();
     }
     let file: string;
+    let layer: string;
+    let manifest: Buffer;
     try {
-      const got = await cache.get(repository, digest);
+      const m = await cache.manifest(repository, digest);
+      manifest = m.bytes;
+      layer = m.layer;
+      const got = await cache.get(repository, layer);
       file = got.file;
-      if (got.hit) stats.cacheHits++;
+      if (got.hit && m.hit) stats.cacheHits++;
     } catch (err) {
       stats.failed++;
       const status = err instanceof UpstreamError ? err.status : 502;
@@ -331,17 +383,18 @@ export function createHandler(opts: ProxyOptions, cache: BlobCache, stats: Proxy
       "Content-Type": "application/octet-stream",
       "Content-Length": String(size),
       ETag: etag,
-      "Docker-Content-Digest": digest,
+      "Docker-Content-Digest": layer,
+      [MANIFEST_HEADER]: manifest.toString("base64"),
       "Cache-Control": "public, max-age=31536000, immutable",
     });
     if (req.method === "HEAD") return void res.end();
-    if (cache.verified.has(digest)) {
+    if (cache.verified.has(layer)) {
       const rs = createReadStream(file);
       rs.once("error", (err) => res.destroy(err));
       rs.pipe(res);
       return;
     }
-    if (await serveVerified(res, file, digest, log)) cache.verified.add(digest);
+    if (await serveVerified(res, file, layer, log)) cache.verified.add(layer);
   };
 }
 

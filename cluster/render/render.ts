@@ -15,37 +15,12 @@ import type {
 } from "./inputs.ts";
 import { renderTemplate, renderText } from "./templates.ts";
 import { nextEpochChangeMs, updateEpoch } from "./update-epoch.ts";
-import { MARKER, SUDOERS_DROP_IN } from "../../steps/node-users.ts";
-import { PROFILE_DROP_IN } from "../../steps/deckhouse-path.ts";
+import { CLEANUP_PATHS, NODE_USERS } from "../../bundles/paths.ts";
 import { checkConfiguration, checkContext, checkGroupName, checkNodeUser, checkScriptSize } from "./validate.ts";
 
 /** GECOS of users the NodeUsers step creates; cleanup removes only those. */
-export const USER_MARKER = MARKER;
-
-/** Paths cleanup_static_node.sh removes (what the agent, containerd and kubelet put on a node). */
-export const CLEANUP_PATHS = [
-  "/var/cache/registrypackages",
-  "/etc/kubernetes",
-  "/var/lib/kubelet",
-  "/var/lib/containerd",
-  "/var/lib/cni",
-  "/var/lib/etcd",
-  "/var/lib/deckhouse",
-  "/etc/cni",
-  "/etc/containerd",
-  "/opt/cni",
-  "/opt/containerd",
-  "/opt/deckhouse",
-  "/var/log/kube-audit",
-  "/var/log/pods",
-  "/var/log/containers",
-  "/var/log/containerd",
-  "/var/log/d8",
-  "/home/deckhouse",
-  // The PATH drop-in of every family (ALT Linux keeps it in /etc/bashrc.d) and the sudoers one.
-  ...new Set(Object.values(PROFILE_DROP_IN)),
-  SUDOERS_DROP_IN,
-];
+export const USER_MARKER = NODE_USERS.marker;
+export { CLEANUP_PATHS };
 
 export interface ServedObject {
   apiVersion: typeof API_VERSION;

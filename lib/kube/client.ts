@@ -17,6 +17,13 @@ export interface RequestOptions {
   /** Deadline for the whole exchange; defaults to the client's. */
   timeoutMs?: number;
   signal?: AbortSignal;
+  /** Read at most this many body bytes (ResponseTooLargeError beyond). */
+  maxBytes?: number;
+}
+
+/** An answer larger than RequestOptions.maxBytes; reading stopped there. */
+export class ResponseTooLargeError extends Error {
+  override name = "ResponseTooLargeError";
 }
 
 export interface RawResponse {
@@ -143,9 +150,19 @@ export class KubeClient {
     }, left);
     try {
       const chunks: Buffer[] = [];
-      for await (const chunk of res) chunks.push(chunk as Buffer);
+      let size = 0;
+      for await (const chunk of res) {
+        size += (chunk as Buffer).length;
+        // Stop reading at the caller's limit: an oversized answer never sits in memory whole.
+        if (opts.maxBytes !== undefined && size > opts.maxBytes) {
+          res.destroy();
+          throw new ResponseTooLargeError(`${method} ${url}: the answer is larger than ${opts.maxBytes} bytes`);
+        }
+        chunks.push(chunk as Buffer);
+      }
       return { status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks) };
     } catch (err) {
+      if (err instanceof ResponseTooLargeError) throw err;
       throw err instanceof KubeError ? err : classifyTransportError(err as NodeJS.ErrnoException, url);
     } finally {
       clearTimeout(timer);

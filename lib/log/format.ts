@@ -11,6 +11,19 @@ export const REDACT_KEYS = new Set([
   "bootstrapToken",
 ]);
 
+/**
+ * The one redaction both loggers apply to every field object, at any depth: a value under a
+ * REDACT_KEYS name becomes "[redacted]"; errors keep their type and message.
+ */
+export function redactFields(value: unknown, depth = 0): unknown {
+  if (value === null || typeof value !== "object" || depth > 6) return value;
+  if (value instanceof Error) return { type: value.name, message: value.message };
+  if (Array.isArray(value)) return value.map((v) => redactFields(v, depth + 1));
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(value)) out[k] = REDACT_KEYS.has(k) ? "[redacted]" : redactFields(v, depth + 1);
+  return out;
+}
+
 /** Formats a JSON log line as `HH:MM:SS LEVEL msg key=value…` for people at a terminal. */
 export function prettyLine(json: string): string {
   let rec: Record<string, unknown>;

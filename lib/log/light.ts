@@ -3,19 +3,12 @@
 // about 4 MB RSS (docs/benchmarks.md); the daemon logs a handful of lines an hour, so it does
 // without. Commands and the converge child use pino (lib/log/log.ts).
 import type { Logger } from "pino";
-import { prettyLine, REDACT_KEYS } from "./format.ts";
+import { prettyLine, redactFields } from "./format.ts";
 
 const LEVELS = { trace: 10, debug: 20, info: 30, warn: 40, error: 50, fatal: 60 } as const;
 type Level = keyof typeof LEVELS;
 
-function redact(value: unknown, depth = 0): unknown {
-  if (value === null || typeof value !== "object" || depth > 6) return value;
-  if (value instanceof Error) return { type: value.name, message: value.message };
-  if (Array.isArray(value)) return value.map((v) => redact(v, depth + 1));
-  const out: Record<string, unknown> = {};
-  for (const [k, v] of Object.entries(value)) out[k] = REDACT_KEYS.has(k) ? "[redacted]" : redact(v, depth + 1);
-  return out;
-}
+const redact = redactFields;
 
 export function createLightLogger(opts: {
   format: "json" | "pretty";

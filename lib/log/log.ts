@@ -1,7 +1,7 @@
 // One logger for the whole agent: pino JSON lines (journald keeps them as-is) or, on a
 // terminal, a compact human form. Secrets are redacted here, where they enter the log.
 import { pino, type Logger, type DestinationStream } from "pino";
-import { prettyLine, REDACT_KEYS } from "./format.ts";
+import { prettyLine, REDACT_KEYS, redactFields } from "./format.ts";
 
 export type { Logger };
 export type LogFormat = "json" | "pretty";
@@ -12,9 +12,6 @@ export interface LogOptions {
   /** Where log lines go. Commands whose stdout is their result log to stderr. */
   to?: "stdout" | "stderr";
 }
-
-/** pino redact paths: every REDACT_KEYS name at the top level and one level down. */
-const REDACT = [...REDACT_KEYS].flatMap((k) => [k, `*.${k}`]).concat("headers.authorization");
 
 export { prettyLine };
 
@@ -31,8 +28,16 @@ export function createLogger(opts: LogOptions = {}): Logger {
     {
       level: opts.level ?? process.env.BASHIBLE_LOG_LEVEL ?? "info",
       base: undefined,
-      redact: { paths: REDACT, censor: "[redacted]" },
-      formatters: { level: (label) => ({ level: label }) },
+      // The same redaction as the light logger (format.ts), at any depth, fields and bindings.
+      formatters: {
+        level: (label) => ({ level: label }),
+        log: (obj) => redactFields(obj) as Record<string, unknown>,
+      },
+      // Child bindings do not pass through formatters.log; serializers do apply to them.
+      serializers: Object.fromEntries([...REDACT_KEYS].map((k) => [k, () => "[redacted]"])) as Record<
+        string,
+        (v: unknown) => unknown
+      >,
     },
     dest,
   );

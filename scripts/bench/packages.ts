@@ -16,7 +16,8 @@ import { parseArgs } from "node:util";
 import { Host } from "../../agent/host/host.ts";
 import { osProfile } from "../../agent/converge/converge.ts";
 import { createLogger } from "../../lib/log/log.ts";
-import step, { fetchPolicy } from "../../steps/registry-packages.ts";
+import { applySteps, planSteps } from "../../agent/converge/engine.ts";
+import { hostFlags } from "../../agent/converge/flags.ts";
 import type { RegistryPackageRef } from "../../bundles/types.ts";
 import { makeBundle, sandbox } from "../../test/fixtures/bundle.ts";
 import { startProxyFixture } from "../../test/fixtures/packages-proxy.ts";
@@ -37,7 +38,6 @@ const ROUNDS = Number(values.rounds);
 const NODES = Number(values.nodes);
 const BIG = Number(values.big) * 1024 * 1024;
 
-Object.assign(fetchPolicy, { attempts: 2, baseDelayMs: 50 });
 const log = createLogger({ level: "silent" });
 const median = (xs: number[]) => {
   const s = [...xs].sort((a, b) => a - b);
@@ -63,25 +63,30 @@ try {
     const root = await sandbox();
     try {
       const host = new Host(root, await osProfile(root));
-      const bundle = makeBundle([{ name: "007_registry_packages", kind: "RegistryPackages", spec }], {
+      const bundle = makeBundle([{ name: "007_fetch_registry_packages", kind: "RegistryPackages", spec }], {
         context: { clusterCA: f.clusterCA, packagesProxy: { endpoints: [endpoint], token: f.token } },
       });
-      const ctx = {
-        stepName: "007_registry_packages",
+      const base = {
         nodeName: "bench",
         nodeGroup: "worker",
         bundle,
         firstRun: false,
+        forced: false,
+        bootId: "bench",
         log,
-        logFile: "/var/log/d8/bashible/step.007_registry_packages.log",
+        flags: hostFlags(host),
+        agentArgv: [],
       };
+      const retry = { retry: { intervalMs: 0, maxAttempts: 1 } };
       let t0 = process.hrtime.bigint();
-      await step.apply(await step.plan(spec, host, ctx), spec, host, ctx);
+      const first = await applySteps(host, bundle, base, retry);
+      if (!first.ok) throw new Error(first.failed?.error);
       const cold = ms(t0);
       t0 = process.hrtime.bigint();
-      const changes = await step.plan(spec, host, ctx);
-      await step.apply(changes, spec, host, ctx);
+      const [plan] = await planSteps(host, bundle, base);
+      await applySteps(host, bundle, base, retry);
       const rerun = ms(t0);
+      const changes = plan?.changes ?? [];
       return { cold, rerun, downloads: changes.length };
     } finally {
       await rm(root, { recursive: true, force: true });
@@ -98,8 +103,10 @@ try {
     const w = await installOnce(endpoint);
     warmCache.push(w.cold);
     reruns.push(w.rerun, c.rerun);
-    if (proxy.stats.upstreamFetches !== N)
-      throw new Error(`expected ${N} upstream fetches, saw ${proxy.stats.upstreamFetches}`);
+    if (proxy.stats.upstreamFetches !== 2 * N)
+      throw new Error(
+        `expected ${2 * N} upstream fetches (manifest and layer each), saw ${proxy.stats.upstreamFetches}`,
+      );
     await proxy.close();
   }
   const c = median(coldCache);

@@ -116,9 +116,14 @@ t.test("the daemon starts applying a change the server publishes within seconds"
   await waitFor("first converge", async () =>
     (await readFile(path.join(n.root, "hello"), "utf8").catch(() => "")) === "one\n" ? true : undefined,
   );
-  await waitFor("the first run recorded", async () => ((await applied(n.root)) ? true : undefined));
-  // Later runs wait for approval: approve as the controller would (after the first run, which
-  // clears the approval annotations when it succeeds).
+  // The first run's end as the cluster sees it: the checksum annotation, written in the same
+  // patch that clears the approval annotations. Approving before that would be cleared.
+  await waitFor("the first run to finish", async () => {
+    const sum = await applied(n.root);
+    const node = await api.getNode(cp.admin, "api-5");
+    return sum && node.metadata.annotations?.["node.deckhouse.io/configuration-checksum"] === sum ? true : undefined;
+  });
+  // Later runs wait for approval: approve as the controller would.
   await api.patchNode(cp.admin, "api-5", { metadata: { annotations: { "update.node.deckhouse.io/approved": "" } } });
   await stack.setScript("two");
   await waitFor(

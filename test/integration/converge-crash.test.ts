@@ -83,6 +83,20 @@ async function finish(root: string, file: string) {
   if (r.status !== 0) throw new Error(`final converge failed: ${r.stdout}${r.stderr}`);
 }
 
+/** mulberry32: a small seeded generator, so a failing sequence of kill points can be replayed. */
+function seeded(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let x = Math.imul(a ^ (a >>> 15), 1 | a);
+    x = (x + Math.imul(x ^ (x >>> 7), 61 | x)) ^ x;
+    return ((x ^ (x >>> 14)) >>> 0) / 4294967296;
+  };
+}
+const SEED = Number(process.env.CRASH_SEED ?? Math.floor(Math.random() * 2 ** 31));
+const random = seeded(SEED);
+t.comment(`crash test seed ${SEED}; replay with CRASH_SEED=${SEED}`);
+
 t.test(`SIGKILL at ${KILLS} random points, then one more run: same end state as an uninterrupted run`, async (t) => {
   const reference = await sandbox();
   const refFile = path.join(path.dirname(reference), `crash-ref-${path.basename(reference)}.json`);
@@ -103,7 +117,7 @@ t.test(`SIGKILL at ${KILLS} random points, then one more run: same end state as 
       stdio: "ignore",
     });
     const exited = new Promise<number | null>((r) => child.once("exit", (code) => r(code)));
-    await new Promise((r) => setTimeout(r, Math.random() * window));
+    await new Promise((r) => setTimeout(r, random() * window));
     if (child.exitCode === null) {
       child.kill("SIGKILL");
       interrupted++;
@@ -114,9 +128,9 @@ t.test(`SIGKILL at ${KILLS} random points, then one more run: same end state as 
   await finish(root, file);
   t.ok(
     interrupted >= KILLS / 2,
-    `${interrupted} of ${KILLS} runs were killed mid-flight (kill points within ${window} ms)`,
+    `${interrupted} of ${KILLS} runs were killed mid-flight (kill points within ${window} ms, seed ${SEED})`,
   );
-  t.same(await endState(root), await endState(reference), "end state equals the uninterrupted run's");
+  t.same(await endState(root), await endState(reference), `end state equals the uninterrupted run's (seed ${SEED})`);
   t.equal(
     await readFile(path.join(root, "var/lib/bashible/configuration_checksum"), "utf8"),
     await readFile(path.join(reference, "var/lib/bashible/configuration_checksum"), "utf8"),

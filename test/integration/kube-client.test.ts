@@ -299,10 +299,9 @@ t.test("error classes", async (t) => {
       { timeoutMs: 300 },
     );
     t.teardown(() => c.close());
-    const started = Date.now();
     const err = await api.getNode(c, "x").catch((e) => e);
-    t.type(err, KubeTimeoutError);
-    t.ok(Date.now() - started < 3000, "the deadline is kept");
+    t.type(err, KubeTimeoutError, "a silent server ends in a timeout error, not a hang");
+    t.match(err.message, /no answer within 300 ms/);
   });
 
   t.test("a server certificate from another CA is a TLS error", async (t) => {

@@ -10,7 +10,7 @@ import { fileURLToPath } from "node:url";
 import { startProxyFixture, withProxy } from "../fixtures/packages-proxy.ts";
 import { startPackagesProxy } from "../../cluster/packages-proxy/server.ts";
 import { createLogger } from "../../lib/log/log.ts";
-import { buildLayer, binaryPackage, randomish, sha256 } from "../fixtures/registry.ts";
+import { buildLayer, binaryPackage, sha256 } from "../fixtures/registry.ts";
 import { freePort } from "../lib/control-plane.ts";
 
 const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
@@ -47,12 +47,16 @@ async function cachedFiles(dir: string): Promise<string[]> {
   return out;
 }
 
-t.test("serves a package blob by digest with ETag, and answers If-None-Match with 304", async (t) => {
+t.test("serves a package's layer by manifest digest, with the manifest beside it, ETag and 304", async (t) => {
   const layer = await buildLayer(binaryPackage("jq", "1.7"));
-  const { digest } = await f.registry.pushPackage("deckhouse/packages/jq", "1.7", layer);
+  const { digest, layer: layerDigest } = await f.registry.pushPackage("deckhouse/packages/jq", "1.7", layer);
   const res = await get(pkgUrl(f.proxy.url, digest), auth);
   t.equal(res.status, 200);
   t.ok(res.body.equals(layer), "the bytes are the layer's");
+  const manifest = Buffer.from(String(res.headers["x-package-manifest"]), "base64");
+  t.equal(sha256(manifest), digest, "the manifest sent hashes to the digest asked for");
+  t.equal(JSON.parse(manifest.toString()).layers[0].digest, layerDigest, "and names the layer sent");
+  t.equal(res.headers["docker-content-digest"], layerDigest);
   t.equal(res.headers.etag, `"${digest}"`);
   t.equal(res.headers["content-length"], String(layer.length));
   const again = await get(pkgUrl(f.proxy.url, digest), { ...auth, "if-none-match": `"${digest}"` });
@@ -76,35 +80,38 @@ t.test("bad parameters are 400 and an unknown blob is 404", async (t) => {
   t.equal((await get(pkgUrl(f.proxy.url, sha256(Buffer.from("y")), "Bad/Repo"), auth)).status, 400);
   const missing = await get(pkgUrl(f.proxy.url, sha256(Buffer.from("not pushed"))), auth);
   t.equal(missing.status, 404);
-  t.match(missing.body.toString(), /no such blob/);
+  t.match(missing.body.toString(), /no such blob|answered 404/);
 });
 
-t.test("fifty concurrent requests for one digest make exactly one upstream fetch", async (t) => {
-  const proxy = await f.another();
-  const layer = await buildLayer(binaryPackage("big", "1", 4 << 20));
-  const { digest } = await f.registry.pushPackage("deckhouse/packages/big", "1", layer);
-  const all = await Promise.all(
-    Array.from({ length: 50 }, () => get(pkgUrl(proxy.url, digest, "deckhouse/packages/big"), auth)),
-  );
-  t.ok(
-    all.every((r) => r.status === 200 && r.body.equals(layer)),
-    "every node got the verified bytes",
-  );
-  t.equal(proxy.stats.upstreamFetches, 1, "one upstream fetch");
-  await get(pkgUrl(proxy.url, digest, "deckhouse/packages/big"), auth);
-  t.equal(proxy.stats.upstreamFetches, 1, "later requests are served from the cache");
-  t.ok(proxy.stats.cacheHits >= 1);
-  const metrics = (await get(`${proxy.url}/metrics`)).body.toString();
-  t.match(metrics, /^registry_packages_proxy_upstream_fetches_total 1$/m);
-  t.match(metrics, /^registry_packages_proxy_served_total 51$/m);
-});
+t.test(
+  "fifty concurrent requests for one package make one upstream fetch of its manifest and one of its layer",
+  async (t) => {
+    const proxy = await f.another();
+    const layer = await buildLayer(binaryPackage("big", "1", 4 << 20));
+    const { digest } = await f.registry.pushPackage("deckhouse/packages/big", "1", layer);
+    const all = await Promise.all(
+      Array.from({ length: 50 }, () => get(pkgUrl(proxy.url, digest, "deckhouse/packages/big"), auth)),
+    );
+    t.ok(
+      all.every((r) => r.status === 200 && r.body.equals(layer)),
+      "every node got the verified bytes",
+    );
+    t.equal(proxy.stats.upstreamFetches, 2, "one upstream fetch each of the manifest and the layer");
+    await get(pkgUrl(proxy.url, digest, "deckhouse/packages/big"), auth);
+    t.equal(proxy.stats.upstreamFetches, 2, "later requests are served from the cache");
+    t.ok(proxy.stats.cacheHits >= 1);
+    const metrics = (await get(`${proxy.url}/metrics`)).body.toString();
+    t.match(metrics, /^registry_packages_proxy_upstream_fetches_total 2$/m);
+    t.match(metrics, /^registry_packages_proxy_served_total 51$/m);
+  },
+);
 
 t.test("a tampered upstream blob is refused with 502 and never cached", async (t) => {
   const proxy = await f.another();
   const layer = await buildLayer(binaryPackage("tampered", "1", 64 << 10));
-  const { digest } = await f.registry.pushPackage("deckhouse/packages/tampered", "1", layer);
+  const { digest, layer: layerDigest } = await f.registry.pushPackage("deckhouse/packages/tampered", "1", layer);
   // Swap bytes in the registry's own storage: same size, different content.
-  const fh = await open(f.registry.blobPath(digest), "r+");
+  const fh = await open(f.registry.blobPath(layerDigest), "r+");
   const buf = Buffer.alloc(16);
   await fh.read(buf, 0, 16, 1000);
   await fh.write(buf.reverse(), 0, 16, 1000);
@@ -114,26 +121,26 @@ t.test("a tampered upstream blob is refused with 502 and never cached", async (t
   t.match(res.body.toString(), /failed verification.*hash to sha256:[0-9a-f]{64}.*not cached/s);
   const listing = (await readdir(f.dir)).filter((n) => n.startsWith("cache-"));
   for (const c of listing) {
-    t.notOk((await cachedFiles(path.join(f.dir, c))).includes(digest.slice(7)), `${c} holds no tampered blob`);
+    t.notOk((await cachedFiles(path.join(f.dir, c))).includes(layerDigest.slice(7)), `${c} holds no tampered blob`);
   }
 });
 
 t.test("a truncated upstream blob is refused with 502 and never cached", async (t) => {
   const proxy = await f.another();
   const layer = await buildLayer(binaryPackage("truncated", "1", 64 << 10));
-  const { digest } = await f.registry.pushPackage("deckhouse/packages/truncated", "1", layer);
-  await truncate(f.registry.blobPath(digest), 1000);
+  const { digest, layer: layerDigest } = await f.registry.pushPackage("deckhouse/packages/truncated", "1", layer);
+  await truncate(f.registry.blobPath(layerDigest), 1000);
   const res = await get(pkgUrl(proxy.url, digest, "deckhouse/packages/truncated"), auth);
   t.equal(res.status, 502);
   t.match(res.body.toString(), /failed verification|premature|ECONNRESET/);
   for (const c of (await readdir(f.dir)).filter((n) => n.startsWith("cache-"))) {
-    t.notOk((await cachedFiles(path.join(f.dir, c))).includes(digest.slice(7)), `${c} holds no truncated blob`);
+    t.notOk((await cachedFiles(path.join(f.dir, c))).includes(layerDigest.slice(7)), `${c} holds no truncated blob`);
   }
 });
 
 t.test("`bashible packages-proxy` serves over HTTPS until SIGTERM", async (t) => {
-  const data = randomish(10_000, "cli");
-  const digest = await f.registry.pushBlob("deckhouse/packages/cli", data);
+  const data = await buildLayer(binaryPackage("cli", "1"));
+  const { digest } = await f.registry.pushPackage("deckhouse/packages/cli", "1", data);
   const port = await freePort();
   const files = {
     cert: path.join(f.dir, "cli.crt"),
@@ -187,8 +194,8 @@ t.test("pulls from a registry that wants the token flow, and says so when its cr
   const creds = { username: "puller", password: "s3cret-registry-password" };
   const g = await startProxyFixture({ registryAuth: creds });
   t.teardown(() => g.stop());
-  const data = randomish(50_000, "authed");
-  const digest = await g.registry.pushBlob("deckhouse/packages/authed", data);
+  const data = await buildLayer(binaryPackage("authed", "1", 50_000));
+  const { digest } = await g.registry.pushPackage("deckhouse/packages/authed", "1", data);
   const issuedBefore = g.registry.auth?.tokensIssued() ?? 0;
 
   const anonymous = await get(
@@ -234,11 +241,11 @@ t.test(
         log: createLogger({ level: "silent" }),
       });
     const layer = await buildLayer(binaryPackage("rot", "1", 128 << 10));
-    const { digest } = await f.registry.pushPackage("deckhouse/packages/rot", "1", layer);
+    const { digest, layer: layerDigest } = await f.registry.pushPackage("deckhouse/packages/rot", "1", layer);
     const first = await start();
     t.equal((await get(pkgUrl(first.url, digest, "deckhouse/packages/rot"), auth)).status, 200);
     await first.close();
-    const cached = path.join(cacheDir, "sha256", digest.slice(7, 9), digest.slice(7));
+    const cached = path.join(cacheDir, "sha256", layerDigest.slice(7, 9), layerDigest.slice(7));
     const fh = await open(cached, "r+");
     await fh.write(Buffer.from("rot"), 0, 3, 500);
     await fh.close();

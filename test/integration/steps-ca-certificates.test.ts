@@ -7,9 +7,13 @@ import path from "node:path";
 import { createCA } from "../lib/pki.ts";
 import { OS_RELEASE, stepEnv, type StepEnv } from "../fixtures/steps.ts";
 import { treeHash } from "../fixtures/bundle.ts";
-import step, { InvalidCertificateError, PREFIX } from "../../steps/ca-certificates.ts";
+import { PREFIX } from "../../steps/ca-certificates.ts";
+import { makeBundle } from "../fixtures/bundle.ts";
+import { acceptBundle } from "../../bundles/verify.ts";
 import type { BundleStep, CACertificatesSpec } from "../../bundles/types.ts";
-import { SANDBOX_ACTIONS_LOG } from "../../agent/host/host.ts";
+import { PATHS } from "../../bundles/paths.ts";
+
+const SANDBOX_ACTIONS_LOG = PATHS.sandboxActions;
 
 const pkiDir = await mkdtemp(path.join(os.tmpdir(), "bashible-ca-test-"));
 t.teardown(() => rm(pkiDir, { recursive: true, force: true }));
@@ -24,13 +28,15 @@ const bundleStep = (spec: CACertificatesSpec): BundleStep => ({
 });
 
 async function converge(env: StepEnv, spec: CACertificatesSpec) {
-  const ctx = env.ctx(bundleStep(spec));
   const before = await treeHash(env.root);
-  const changes = await step.plan(spec, env.host, ctx);
+  const { changes } = await env.plan(bundleStep(spec));
   if ((await treeHash(env.root)) !== before) throw new Error("plan changed the tree");
-  await step.apply(changes, spec, env.host, ctx);
+  const status = await env.apply(bundleStep(spec));
+  if (status.outcome === "failed") throw new Error(status.error);
   return changes;
 }
+
+const planOf = async (env: StepEnv, spec: CACertificatesSpec) => (await env.plan(bundleStep(spec))).changes;
 
 for (const osName of ["debian", "ubuntu"] as const) {
   t.test(
@@ -52,6 +58,7 @@ for (const osName of ["debian", "ubuntu"] as const) {
         [
           `create /usr/local/share/ca-certificates/${PREFIX}registry.crt`,
           `create /usr/local/share/ca-certificates/${PREFIX}cluster.crt`,
+          "create /etc/ssl/certs",
           "refresh the trust store: update-ca-certificates",
         ],
       );
@@ -61,16 +68,12 @@ for (const osName of ["debian", "ubuntu"] as const) {
       t.ok(bundle.includes(pemA.trim().split("\n")[1] as string), "CA A is in the bundle file");
 
       t.same(
-        await step.plan(
-          {
-            certificates: [
-              { name: "registry", pem: pemA },
-              { name: "cluster", pem: pemB },
-            ],
-          },
-          env.host,
-          env.ctx(bundleStep({ certificates: [] })),
-        ),
+        await planOf(env, {
+          certificates: [
+            { name: "registry", pem: pemA },
+            { name: "cluster", pem: pemB },
+          ],
+        }),
         [],
         "a second run plans nothing",
       );
@@ -84,14 +87,7 @@ for (const osName of ["debian", "ubuntu"] as const) {
       const anchors = await readdir(path.join(env.root, "usr/local/share/ca-certificates"));
       t.same(anchors.sort(), ["bashible-registry.crt", "corp.crt"], "only the agent's stale anchor is removed");
       t.notOk((await readdir(certs)).includes(`${PREFIX}cluster.pem`), "the store forgot it");
-      t.same(
-        await step.plan(
-          { certificates: [{ name: "registry", pem: pemA }] },
-          env.host,
-          env.ctx(bundleStep({ certificates: [] })),
-        ),
-        [],
-      );
+      t.same(await planOf(env, { certificates: [{ name: "registry", pem: pemA }] }), []);
     },
   );
 }
@@ -101,7 +97,7 @@ t.test("an interrupted refresh is noticed and redone", async (t) => {
   const spec = { certificates: [{ name: "registry", pem: pemA }] };
   await converge(env, spec);
   await rm(path.join(env.root, "etc/ssl/certs", `${PREFIX}registry.pem`));
-  const changes = await step.plan(spec, env.host, env.ctx(bundleStep(spec)));
+  const changes = await planOf(env, spec);
   t.same(
     changes.map((c) => c.kind),
     ["command"],
@@ -122,14 +118,7 @@ t.test("rhel layout: anchors under /etc/pki/ca-trust/source/anchors, refresh rec
     `${pemA.trim()}\n`,
   );
   t.match(await readFile(path.join(env.root, SANDBOX_ACTIONS_LOG), "utf8"), /update-ca-trust extract/);
-  t.same(
-    await step.plan(
-      { certificates: [{ name: "registry", pem: pemA }] },
-      env.host,
-      env.ctx(bundleStep({ certificates: [] })),
-    ),
-    [],
-  );
+  t.same(await planOf(env, { certificates: [{ name: "registry", pem: pemA }] }), []);
 });
 
 t.test("altlinux layout: update-ca-trust (recorded in the sandbox)", async (t) => {
@@ -138,40 +127,40 @@ t.test("altlinux layout: update-ca-trust (recorded in the sandbox)", async (t) =
   t.equal(changes[1]?.kind === "command" && changes[1].argv.join(" "), "update-ca-trust");
 });
 
-t.test("a file that is not a certificate is refused with a clear error, before anything is written", async (t) => {
+t.test("a file that is not a certificate is a problem; the good ones are still installed", async (t) => {
   const env = await stepEnv(t);
-  const before = await treeHash(env.root);
-  const ctx = env.ctx(bundleStep({ certificates: [] }));
-  await t.rejects(
-    step.plan({ certificates: [{ name: "junk", pem: "hello" }] }, env.host, ctx),
-    InvalidCertificateError,
+  const spec = {
+    certificates: [
+      { name: "junk", pem: "-----BEGIN CERTIFICATE-----\nhello\n-----END CERTIFICATE-----\n" },
+      { name: "good", pem: pemA },
+      { name: "broken", pem: pemA.replace(/[A-Za-z]{12}/, "AAAAAAAAAAAA") },
+    ],
+  };
+  const plan = await env.plan(bundleStep(spec));
+  t.match(
+    plan.problems.map((p) => `${p.subject}: ${p.message}`),
+    [
+      /certificate junk: .*'junk' is not a valid X.509 certificate/,
+      /certificate broken: .*'broken' is not a valid X.509 certificate/,
+    ],
   );
-  await t.rejects(
-    step.plan(
-      {
-        certificates: [
-          { name: "good", pem: pemA },
-          { name: "broken", pem: pemA.replace(/[A-Za-z]{12}/, "AAAAAAAAAAAA") },
-        ],
-      },
-      env.host,
-      ctx,
-    ),
-    /certificate 'broken' is not a valid X.509 certificate/,
-  );
-  await t.rejects(
-    step.plan({ certificates: [{ name: "../etc/passwd", pem: pemA }] }, env.host, ctx),
-    /invalid certificate name/,
-  );
-  t.equal(await treeHash(env.root), before);
+  await env.apply(bundleStep(spec));
+  t.same(await readdir(path.join(env.root, "usr/local/share/ca-certificates")), [`${PREFIX}good.crt`]);
+});
+
+t.test("names that would be paths and CA entries carrying a private key are refused with the bundle", async (t) => {
+  const bad = (certificates: CACertificatesSpec["certificates"]) =>
+    JSON.stringify(makeBundle([bundleStep({ certificates })]));
+  t.throws(() => acceptBundle(bad([{ name: "../etc/passwd", pem: pemA }]), "test"), /spec\.certificates\[0\]\.name/);
+  const withKey = `${pemA}-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIA==\n-----END PRIVATE KEY-----\n`;
+  t.throws(() => acceptBundle(bad([{ name: "ca", pem: withKey }]), "test"), /carries a PRIVATE KEY block; refused/);
 });
 
 t.test("plans name certificates by subject, expiry and fingerprint rather than a base64 diff", async (t) => {
   const env = await stepEnv(t);
   const first = await converge(env, { certificates: [{ name: "registry", pem: pemA }] });
   t.match((first[0] as { diff: string }).diff, /^\+ CN=Test CA A \(expires \d{4}-\d\d-\d\d, sha256 [0-9a-f]{16}…\)$/);
-  const spec = { certificates: [{ name: "registry", pem: pemB }] };
-  const changes = await step.plan(spec, env.host, env.ctx(bundleStep(spec)));
+  const changes = await planOf(env, { certificates: [{ name: "registry", pem: pemB }] });
   t.equal(changes[0]?.summary, `update /usr/local/share/ca-certificates/${PREFIX}registry.crt: content`);
   t.match((changes[0] as { diff: string }).diff, /^- CN=Test CA A .*\n\+ CN=Test CA B /);
   t.notMatch((changes[0] as { diff: string }).diff, /BEGIN CERTIFICATE/);

@@ -1,7 +1,7 @@
 // RegistryPackages against a real docker-registry behind the real registry-packages proxy,
 // in sandbox trees (Debian and a RHEL-family layout): install in list order, skip what is
-// installed, upgrade, remove with uninstall, and refuse tampered, truncated and lying downloads
-// while the installed version stays.
+// installed, upgrade, remove with uninstall (only what this agent installed), and refuse
+// tampered, truncated and lying downloads (manifest and layer) while the installed version stays.
 import t, { type Test } from "tap";
 import { execFile } from "node:child_process";
 import { mkdir, open, readdir, readFile, writeFile } from "node:fs/promises";
@@ -13,47 +13,51 @@ import { withProxy } from "../fixtures/packages-proxy.ts";
 import { binaryPackage, buildLayer } from "../fixtures/registry.ts";
 import { OS_RELEASE, stepEnv, type StepEnv } from "../fixtures/steps.ts";
 import { treeHash } from "../fixtures/bundle.ts";
-import step, {
-  DOWNLOADS,
-  fetchPolicy,
-  PackageFetchError,
-  STORE,
-  PackageInstallError,
-} from "../../steps/registry-packages.ts";
+import { DOWNLOADS, fetchPolicy, OWNER_FILE, STORE } from "../../steps/registry-packages.ts";
 import type { BundleStep, RegistryPackageRef } from "../../bundles/types.ts";
 import type { PackageChange } from "../../steps/types.ts";
 import { freePort } from "../lib/control-plane.ts";
 
 const execFileP = promisify(execFile);
-Object.assign(fetchPolicy, { attempts: 2, baseDelayMs: 20, maxDelayMs: 50, idleTimeoutMs: 5000 });
+Object.assign(fetchPolicy, { idleTimeoutMs: 5000 });
 
 const f = await withProxy(t);
 const REPO = "deckhouse/packages";
 
-async function pkg(name: string, version: string, extra = 0): Promise<RegistryPackageRef> {
-  const layer = await buildLayer(binaryPackage(name, version, extra));
-  const { digest } = await f.registry.pushPackage(`${REPO}/${name}`, version, layer);
-  return { name, digest, repository: `${REPO}/${name}` };
+interface Pkg extends RegistryPackageRef {
+  manifest: Buffer;
+  layer: Buffer;
 }
 
-const bundleStep = (packages: RegistryPackageRef[]): BundleStep & { kind: "RegistryPackages" } => ({
-  name: "007_registry_packages",
-  kind: "RegistryPackages",
-  spec: { packages },
+async function pkg(name: string, version: string, extra = 0): Promise<Pkg> {
+  const layer = await buildLayer(binaryPackage(name, version, extra));
+  const { digest, manifest } = await f.registry.pushPackage(`${REPO}/${name}`, version, layer);
+  return { name, digest, repository: `${REPO}/${name}`, manifest, layer };
+}
+
+const ref = (p: RegistryPackageRef): RegistryPackageRef => ({
+  name: p.name,
+  digest: p.digest,
+  repository: p.repository,
 });
 
-function ctxFor(env: StepEnv, packages: RegistryPackageRef[], endpoints = [f.endpoint], over = {}) {
-  return env.ctx(bundleStep(packages), {
-    context: { clusterCA: f.clusterCA, packagesProxy: { endpoints, token: f.token }, ...over },
-  });
-}
+const bundleStep = (packages: RegistryPackageRef[]): BundleStep => ({
+  name: "007_fetch_registry_packages",
+  kind: "RegistryPackages",
+  spec: { packages: packages.map(ref) },
+});
+
+const context = (endpoints = [f.endpoint], over: { clusterCA?: string; token?: string } = {}) => ({
+  context: {
+    clusterCA: over.clusterCA ?? f.clusterCA,
+    packagesProxy: { endpoints, token: over.token ?? f.token },
+  },
+});
 
 async function converge(env: StepEnv, packages: RegistryPackageRef[], endpoints = [f.endpoint]) {
-  const spec = { packages };
-  const ctx = ctxFor(env, packages, endpoints);
-  const changes = await step.plan(spec, env.host, ctx);
-  const result = await step.apply(changes, spec, env.host, ctx);
-  return { changes, result };
+  const { changes } = await env.plan(bundleStep(packages), context(endpoints));
+  const status = await env.apply(bundleStep(packages), context(endpoints));
+  return { changes: changes as PackageChange[], status };
 }
 
 async function run(env: StepEnv, name: string): Promise<string> {
@@ -67,33 +71,32 @@ const events = async (env: StepEnv) =>
 t.test("installs listed packages in list order, and a second run plans nothing (Debian)", async (t) => {
   const env = await stepEnv(t);
   const [jq, yq, curl] = await Promise.all([pkg("jq", "1"), pkg("yq", "1"), pkg("curl", "1")]);
-  const list = [yq as RegistryPackageRef, jq as RegistryPackageRef, curl as RegistryPackageRef];
+  const list = [yq, jq, curl];
   const before = await treeHash(env.root);
-  const changes = await step.plan({ packages: list }, env.host, ctxFor(env, list));
+  const { changes } = await env.plan(bundleStep(list), context());
   t.equal(await treeHash(env.root), before, "plan changes nothing on disk");
   t.same(
-    changes.map((c) => [(c as PackageChange).action, (c as PackageChange).name, (c as PackageChange).digest]),
+    changes.filter((c) => c.kind === "package").map((c) => [c.action, c.name, c.digest]),
     list.map((p) => ["install", p.name, p.digest]),
   );
-  t.match(changes[0]?.summary, /^install package yq sha256:[0-9a-f]{12} from deckhouse\/packages\/yq$/);
-  const result = await step.apply(changes, { packages: list }, env.host, ctxFor(env, list));
-  t.same(result?.outputs, { installed: ["yq", "jq", "curl"], skipped: [], removed: [] });
+  t.match(changes[1]?.summary, /^install package yq sha256:[0-9a-f]{12} from deckhouse\/packages\/yq$/);
+  const status = await env.apply(bundleStep(list), context());
+  t.equal(status.outcome, "changed", status.error ?? "");
   t.same(await events(env), ["yq 1", "jq 1", "curl 1"], "install ran in list order");
   t.equal(await run(env, "jq"), "1");
   for (const p of list) {
     t.equal((await readFile(path.join(env.root, STORE, p.name, "digest"), "utf8")).trim(), p.digest);
     t.ok(await readFile(path.join(env.root, STORE, p.name, "uninstall"), "utf8"));
+    t.equal(await readFile(path.join(env.root, STORE, p.name, OWNER_FILE), "utf8"), "bashible\n");
   }
   t.same(
     (await readdir(path.join(env.root, DOWNLOADS), { recursive: true }).catch(() => [])).filter((n) => n.includes(".")),
     [],
     "downloads are cleaned up",
   );
-  const again = await step.plan({ packages: list }, env.host, ctxFor(env, list));
-  t.same(again, [], "a second run plans nothing");
+  t.same((await env.plan(bundleStep(list), context())).changes, [], "a second run plans nothing");
   const fetchesBefore = f.proxy.stats.requests;
-  const r2 = await step.apply(again, { packages: list }, env.host, ctxFor(env, list));
-  t.same(r2?.outputs, { installed: [], skipped: ["yq", "jq", "curl"], removed: [] });
+  t.equal((await env.apply(bundleStep(list), context())).outcome, "unchanged");
   t.equal(f.proxy.stats.requests, fetchesBefore, "a package whose digest matches is not downloaded");
 });
 
@@ -101,20 +104,38 @@ t.test("upgrades a package whose digest changed and removes one no longer listed
   const env = await stepEnv(t, OS_RELEASE.rocky);
   t.equal(env.host.os.family, "rhel");
   const [a1, b1, a2] = await Promise.all([pkg("alpha", "1"), pkg("beta", "1"), pkg("alpha", "2")]);
-  await converge(env, [a1 as RegistryPackageRef, b1 as RegistryPackageRef]);
+  await converge(env, [a1, b1]);
   t.equal(await run(env, "alpha"), "1");
-  const { changes, result } = await converge(env, [a2 as RegistryPackageRef]);
+  const { changes, status } = await converge(env, [a2]);
   t.same(
-    changes.map((c) => `${(c as PackageChange).action} ${(c as PackageChange).name}`),
+    changes.map((c) => `${c.action} ${c.name}`),
     ["remove beta", "upgrade alpha"],
   );
   t.match(changes[1]?.summary, /upgrade package alpha sha256:[0-9a-f]{12} → sha256:[0-9a-f]{12}/);
-  t.same(result?.outputs, { installed: ["alpha"], skipped: [], removed: ["beta"] });
+  t.equal(status.outcome, "changed");
   t.equal(await run(env, "alpha"), "2");
   t.notOk(await open(path.join(env.root, "opt/deckhouse/bin/beta")).catch(() => undefined), "beta's uninstall ran");
   t.same(await readdir(path.join(env.root, STORE)), ["alpha"]);
   t.match(await events(env), ["alpha 1", "beta 1", "uninstalled beta", "alpha 2"]);
-  t.same(await step.plan({ packages: [a2 as RegistryPackageRef] }, env.host, ctxFor(env, [])), []);
+  t.same((await env.plan(bundleStep([a2]), context())).changes, []);
+});
+
+t.test("a package another tool installed is never uninstalled (a node Deckhouse set up)", async (t) => {
+  const env = await stepEnv(t);
+  const theirs = path.join(env.root, STORE, "d8-ca-updater");
+  await mkdir(theirs, { recursive: true });
+  await writeFile(path.join(theirs, "digest"), `sha256:${"1".repeat(64)}\n`);
+  await writeFile(path.join(theirs, "uninstall"), `touch "$D8_ROOT/uninstalled-theirs"\n`, { mode: 0o755 });
+  const mine = await pkg("mine", "1");
+  await converge(env, [mine]);
+  const { changes } = await converge(env, []);
+  t.same(
+    changes.map((c) => `${c.action} ${c.name}`),
+    ["remove mine"],
+    "only the agent's own package is removed",
+  );
+  t.ok(await readFile(path.join(theirs, "digest"), "utf8"), "Deckhouse's package stays");
+  t.notOk(await open(path.join(env.root, "uninstalled-theirs")).catch(() => undefined), "its uninstall never ran");
 });
 
 t.test("a tampered package is refused and the installed version stays", async (t) => {
@@ -122,31 +143,52 @@ t.test("a tampered package is refused and the installed version stays", async (t
   const v1 = await pkg("tamperme", "1");
   await converge(env, [v1]);
   const v2 = await pkg("tamperme", "2", 32 << 10);
-  const fh = await open(f.registry.blobPath(v2.digest), "r+");
+  const { layer } = await f.registry.pushPackage(`${REPO}/tamperme`, "2", v2.layer);
+  const fh = await open(f.registry.blobPath(layer), "r+");
   await fh.write(Buffer.from("evil bytes here!"), 0, 16, 2000);
   await fh.close();
-  const err = await converge(env, [v2]).catch((e) => e);
-  t.type(err, PackageFetchError);
-  t.match(err.message, /package tamperme .*could not be fetched.*HTTP 502.*failed verification/s);
-  t.notMatch(err.message, f.token, "the token is not in the error");
+  const { status } = await converge(env, [v2]);
+  t.equal(status.outcome, "failed");
+  t.match(status.error, /package tamperme .*could not be fetched.*HTTP 502.*failed verification/s);
+  t.notMatch(status.error, f.token, "the token is not in the error");
   t.equal(await run(env, "tamperme"), "1", "the installed version stays");
   t.equal((await readFile(path.join(env.root, STORE, "tamperme/digest"), "utf8")).trim(), v1.digest);
   t.same(await readdir(path.join(env.root, DOWNLOADS, "tamperme")).catch(() => []), [], "nothing half-downloaded");
 });
 
 /** An HTTPS endpoint with the proxy's certificate that misbehaves in a given way. */
-async function liar(t: Test, mode: "truncate" | "wrong-bytes" | "stall", body: Buffer): Promise<string> {
+async function liar(
+  t: Test,
+  mode: "truncate" | "wrong-bytes" | "stall" | "no-manifest" | "wrong-manifest",
+  p: Pkg,
+): Promise<string> {
+  const body = p.layer;
   const srv = https.createServer(f.tls, (_req, res) => {
-    res.writeHead(200, { "Content-Length": String(body.length), "Content-Type": "application/octet-stream" });
+    const manifest =
+      mode === "no-manifest"
+        ? {}
+        : {
+            "X-Package-Manifest": (mode === "wrong-manifest"
+              ? Buffer.concat([p.manifest, Buffer.from(" ")])
+              : p.manifest
+            ).toString("base64"),
+          };
+    res.writeHead(200, {
+      "Content-Length": String(body.length),
+      "Content-Type": "application/octet-stream",
+      ...manifest,
+    });
     if (mode === "stall") {
       res.write(body.subarray(0, body.length >> 1)); // and then nothing
     } else if (mode === "truncate") {
       res.write(body.subarray(0, body.length >> 1));
       setTimeout(() => res.socket?.destroy(), 20);
-    } else {
+    } else if (mode === "wrong-bytes") {
       const copy = Buffer.from(body);
       copy[copy.length >> 1] = (copy[copy.length >> 1] ?? 0) ^ 0xff;
       res.end(copy);
+    } else {
+      res.end(body);
     }
   });
   await new Promise<void>((r) => srv.listen(0, "127.0.0.1", r));
@@ -165,66 +207,56 @@ t.test("a truncated download is refused and the installed version stays", async 
   const v1 = await pkg("cut", "1");
   await converge(env, [v1]);
   const v2 = await pkg("cut", "2", 256 << 10);
-  const layer = await buildLayer(binaryPackage("cut", "2", 256 << 10));
-  const endpoint = await liar(t, "truncate", layer);
-  const err = await converge(env, [v2], [endpoint]).catch((e) => e);
-  t.type(err, PackageFetchError);
-  t.match(err.message, /cut .*could not be fetched/s);
+  const { status } = await converge(env, [v2], [await liar(t, "truncate", v2)]);
+  t.equal(status.outcome, "failed");
+  t.match(status.error, /cut .*could not be fetched/s);
   t.equal(await run(env, "cut"), "1");
   t.equal((await readFile(path.join(env.root, STORE, "cut/digest"), "utf8")).trim(), v1.digest);
   t.same(await readdir(path.join(env.root, DOWNLOADS, "cut")).catch(() => []), [], "no partial file left");
 });
 
-t.test("bytes that do not hash to the digest are refused even from a proxy that claims success", async (t) => {
+t.test("the node verifies the chain itself: manifest against the digest, layer against the manifest", async (t) => {
   const env = await stepEnv(t);
   const v1 = await pkg("lied", "1");
   await converge(env, [v1]);
   const v2 = await pkg("lied", "2");
-  const layer = await buildLayer(binaryPackage("lied", "2"));
-  const endpoint = await liar(t, "wrong-bytes", layer);
-  const err = await converge(env, [v2], [endpoint]).catch((e) => e);
-  t.type(err, PackageFetchError);
-  t.match(err.message, /bytes received hash to sha256:[0-9a-f]{64}, not sha256:/);
-  t.equal(await run(env, "lied"), "1");
+  const cases = [
+    ["wrong-bytes", /the \d+ layer bytes received hash to sha256:[0-9a-f]{64}, not sha256:.*\(the manifest's layer\)/],
+    ["no-manifest", /sent no x-package-manifest header/],
+    ["wrong-manifest", /the manifest received hashes to sha256:[0-9a-f]{64}, not/],
+  ] as const;
+  for (const [mode, message] of cases) {
+    const { status } = await converge(env, [v2], [await liar(t, mode, v2)]);
+    t.equal(status.outcome, "failed", mode);
+    t.match(status.error, message, mode);
+    t.equal(await run(env, "lied"), "1", `${mode}: the installed version stays`);
+  }
 });
 
 t.test("endpoints are tried in turn: a dead proxy does not stop the install", async (t) => {
   const env = await stepEnv(t);
   const p = await pkg("failover", "1");
   const dead = `127.0.0.1:${await freePort()}`;
-  const { result } = await converge(env, [p], [dead, f.endpoint]);
-  t.same(result?.outputs, { installed: ["failover"], skipped: [], removed: [] });
+  const { status } = await converge(env, [p], [dead, f.endpoint]);
+  t.equal(status.outcome, "changed");
+  t.equal(await run(env, "failover"), "1");
 });
 
-t.test("TLS is verified against the cluster CA and a wrong token is refused without retries", async (t) => {
+t.test("TLS is verified against the cluster CA and a wrong token is refused", async (t) => {
   const env = await stepEnv(t);
   const p = await pkg("tls", "1");
-  const otherCA = (await readFile(path.join(f.dir, "cluster-ca.crt"), "utf8")).replace(/[A-Za-z]{10}/, "AAAAAAAAAA");
-  const bad = env.ctx(bundleStep([p]), {
-    context: { clusterCA: otherCA, packagesProxy: { endpoints: [f.endpoint], token: f.token } },
-  });
-  const e1 = await step
-    .apply(await step.plan({ packages: [p] }, env.host, bad), { packages: [p] }, env.host, bad)
-    .catch((e) => e);
-  t.type(e1, PackageFetchError);
-  const wrongToken = env.ctx(bundleStep([p]), {
-    context: { clusterCA: f.clusterCA, packagesProxy: { endpoints: [f.endpoint], token: "not-the-token" } },
-  });
+  const { createCA } = await import("../lib/pki.ts");
+  const otherCA = await readFile((await createCA(f.dir, "other-ca", "Some Other CA")).cert, "utf8");
+  const e1 = await env.apply(bundleStep([p]), context([f.endpoint], { clusterCA: otherCA }));
+  t.equal(e1.outcome, "failed");
+  t.match(e1.error, /could not be fetched/);
   const started = f.proxy.stats.refused;
-  const e2 = await step
-    .apply(await step.plan({ packages: [p] }, env.host, wrongToken), { packages: [p] }, env.host, wrongToken)
-    .catch((e) => e);
-  t.type(e2, PackageFetchError);
-  t.match(e2.message, /HTTP 401 \(the packages-proxy token in the bundle was refused\)/);
-  t.notMatch(e2.message, "not-the-token");
-  t.equal(f.proxy.stats.refused - started, 1, "a 401 is not retried");
-  const noCA = env.ctx(bundleStep([p]), {
-    context: { clusterCA: "", packagesProxy: { endpoints: [f.endpoint], token: f.token } },
-  });
-  const e3 = await step
-    .apply(await step.plan({ packages: [p] }, env.host, noCA), { packages: [p] }, env.host, noCA)
-    .catch((e) => e);
-  t.match(e3.message, /no cluster CA to verify the registry-packages proxy with/);
+  const e2 = await env.apply(bundleStep([p]), context([f.endpoint], { token: "not-the-token" }));
+  t.match(e2.error, /HTTP 401 \(the packages-proxy token in the bundle was refused\)/);
+  t.notMatch(e2.error, "not-the-token");
+  t.equal(f.proxy.stats.refused - started, 1, "one request per attempt: the engine owns retries");
+  const e3 = await env.apply(bundleStep([p]), context([f.endpoint], { clusterCA: "" }));
+  t.match(e3.error, /no cluster CA to verify the registry-packages proxy with/);
   t.notOk(await open(path.join(env.root, STORE, "tls")).catch(() => undefined), "nothing installed");
 });
 
@@ -235,20 +267,9 @@ t.test("a layer without install/uninstall is refused before anything runs", asyn
   await writeFile(path.join(dir, "readme"), "hi\n");
   await execFileP("tar", ["-czf", `${dir}.tgz`, "-C", dir, "."]);
   const { digest } = await f.registry.pushPackage(`${REPO}/noscripts`, "1", await readFile(`${dir}.tgz`));
-  const err = await converge(env, [{ name: "noscripts", digest, repository: `${REPO}/noscripts` }]).catch((e) => e);
-  t.type(err, PackageInstallError);
-  t.match(err.message, /not a registry package: its layer has no 'install' script/);
+  const { status } = await converge(env, [{ name: "noscripts", digest, repository: `${REPO}/noscripts` }]);
+  t.match(status.error, /not a registry package: its layer has no 'install' script/);
   t.notOk(await open(path.join(env.root, STORE, "noscripts")).catch(() => undefined));
-});
-
-t.test("invalid specs are refused at plan time", async (t) => {
-  const env = await stepEnv(t);
-  await t.rejects(
-    step.plan({ packages: [{ name: "x", digest: "sha256:zz", repository: "r" }] }, env.host, ctxFor(env, [])),
-    /digest must be sha256/,
-  );
-  const ok = { name: "x", digest: `sha256:${"a".repeat(64)}`, repository: "r" };
-  await t.rejects(step.plan({ packages: [ok, ok] }, env.host, ctxFor(env, [])), /listed twice/);
 });
 
 t.test("a download killed midway leaves nothing that could pass for the package", async (t) => {
@@ -256,23 +277,49 @@ t.test("a download killed midway leaves nothing that could pass for the package"
   const v1 = await pkg("killed", "1");
   await converge(env, [v1]);
   const v2 = await pkg("killed", "2", 256 << 10);
-  const endpoint = await liar(t, "stall", await buildLayer(binaryPackage("killed", "2", 256 << 10)));
+  const endpoint = await liar(t, "stall", v2);
+  const { applySteps } = await import("../../agent/converge/engine.ts");
+  const { hostFlags } = await import("../../agent/converge/flags.ts");
+  const { makeBundle } = await import("../fixtures/bundle.ts");
+  const { createLogger } = await import("../../lib/log/log.ts");
+  const bundle = makeBundle([bundleStep([v2])], context([endpoint]));
   const abort = new AbortController();
-  const ctx = { ...ctxFor(env, [v2], [endpoint]), signal: abort.signal };
-  const changes = await step.plan({ packages: [v2] }, env.host, ctx);
-  setTimeout(() => abort.abort(), 300);
-  await t.rejects(step.apply(changes, { packages: [v2] }, env.host, ctx));
-  t.same(await readdir(path.join(env.root, DOWNLOADS, "killed")).catch(() => []), [], "no partial file left");
+  const log = createLogger({ level: "silent" });
+  const applying = applySteps(
+    env.host,
+    bundle,
+    {
+      nodeName: "node-1",
+      nodeGroup: "worker",
+      bundle,
+      firstRun: false,
+      forced: false,
+      bootId: "b",
+      log,
+      flags: hostFlags(env.host),
+      agentArgv: [],
+      signal: abort.signal,
+    },
+    { retry: { intervalMs: 0, maxAttempts: 1 } },
+  );
+  // Abort once the stalled download has begun: its temp file exists.
+  const dir = path.join(env.root, DOWNLOADS, "killed");
+  for (;;) {
+    if ((await readdir(dir).catch(() => [])).some((n) => n.startsWith("."))) break;
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  abort.abort();
+  t.equal((await applying).ok, false);
+  t.same(await readdir(dir).catch(() => []), [], "no partial file left");
   t.equal(await run(env, "killed"), "1", "the installed version stays");
-  // A process killed outright leaves its temp file (dot-name) behind, and a corrupt archive
-  // under the real name can only come from outside: both are cleaned and the package refetched.
-  await mkdir(path.join(env.root, DOWNLOADS, "killed"), { recursive: true });
-  await writeFile(path.join(env.root, DOWNLOADS, "killed", `.${v2.digest.slice(7)}.tar.gz.bashible-dead`), "partial");
-  await writeFile(path.join(env.root, DOWNLOADS, "killed", `${v2.digest.slice(7)}.tar.gz`), "not the package");
-  const { result } = await converge(env, [v2]);
-  t.same(result?.outputs, { installed: ["killed"], skipped: [], removed: [] });
+  // A process killed outright leaves its temp file (dot-name) behind, and an archive under the
+  // real name can only come from outside: both are cleaned and the package refetched.
+  await mkdir(dir, { recursive: true });
+  await writeFile(path.join(dir, `.${v2.digest.slice(7)}.tar.gz.bashible-dead`), "partial");
+  await writeFile(path.join(dir, `${v2.digest.slice(7)}.tar.gz`), "not the package");
+  t.equal((await converge(env, [v2])).status.outcome, "changed");
   t.equal(await run(env, "killed"), "2");
-  t.same(await readdir(path.join(env.root, DOWNLOADS, "killed")).catch(() => []), []);
+  t.same(await readdir(dir).catch(() => []), []);
 });
 
 t.test("a failing install script fails the step and leaves the recorded version", async (t) => {
@@ -282,13 +329,12 @@ t.test("a failing install script fails the step and leaves the recorded version"
   const layer = await buildLayer({ install: 'echo "disk full" >&2; exit 3', uninstall: "true" });
   const { digest } = await f.registry.pushPackage(`${REPO}/brittle`, "2", layer);
   const v2 = { name: "brittle", digest, repository: `${REPO}/brittle` };
-  const err = await converge(env, [v2]).catch((e) => e);
-  t.type(err, PackageInstallError);
-  t.match(err.message, /package brittle \(sha256:[0-9a-f]{64}\): install exited 3:\ndisk full/);
+  const { status } = await converge(env, [v2]);
+  t.match(status.error, /package brittle \(sha256:[0-9a-f]{64}\): install exited 3:\ndisk full/);
   t.equal((await readFile(path.join(env.root, STORE, "brittle/digest"), "utf8")).trim(), v1.digest);
   t.equal(await run(env, "brittle"), "1");
   t.match(
-    await readFile(path.join(env.root, "var/log/d8/bashible/step.007_registry_packages.log"), "utf8"),
+    await readFile(path.join(env.root, "var/log/d8/bashible/step.007_fetch_registry_packages.log"), "utf8"),
     /disk full/,
   );
 });

@@ -27,3 +27,26 @@ t.test("pretty logs are one readable line, also redacted", async (t) => {
 t.test("prettyLine passes non-JSON through", async (t) => {
   t.equal(prettyLine("plain text"), "plain text");
 });
+
+t.test("both loggers redact the same fields at any depth", async (t) => {
+  const fields = `{ a: { b: { c: { token: "deep-s3cr3t" } } }, list: [{ password: "p4ss" }], err: new Error("boom") }`;
+  for (const [name, make] of [
+    [
+      "pino",
+      `import { createLogger as mk } from "${new URL("../../lib/log/log.ts", import.meta.url).pathname}"; const log = mk({ format: "json" });`,
+    ],
+    [
+      "light",
+      `import { createLightLogger as mk } from "${new URL("../../lib/log/light.ts", import.meta.url).pathname}"; const log = mk({ format: "json", level: "info" });`,
+    ],
+  ] as const) {
+    const code = `${make}\nlog.child({ bootstrapToken: "bound-s3cr3t" }).info(${fields}, "m");`;
+    const r = spawnSync(process.execPath, ["--input-type=module", "-e", code], { encoding: "utf8" });
+    t.equal(r.status, 0, `${name}: ${r.stderr}`);
+    t.notMatch(r.stdout, /s3cr3t|p4ss/, `${name}: nothing secret`);
+    const rec = JSON.parse(r.stdout.trim());
+    t.equal(rec.a.b.c.token, "[redacted]", `${name}: nested`);
+    t.equal(rec.list[0].password, "[redacted]", `${name}: in arrays`);
+    t.equal(rec.err.message, "boom", `${name}: errors keep their message`);
+  }
+});

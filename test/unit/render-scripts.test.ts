@@ -38,13 +38,31 @@ for (const [name, text] of Object.entries(scripts)) {
   });
 }
 
-t.test("cleanup_static_node.sh refuses to run without the confirmation flag", async (t) => {
+t.test("cleanup_static_node.sh refuses to run without the confirmation flag (in a sealed namespace)", async (t) => {
+  if (process.getuid?.() !== 0) {
+    t.comment("skipped: needs root (the script runs in its own mount and PID namespace, every mount read-only)");
+    return;
+  }
   const file = path.join(tmp, "cleanup.sh");
   await writeFile(file, scripts["cleanup_static_node.sh"]!);
   const before = await readdir(tmp);
-  const err = await run("bash", [file, "--yes"]).catch((e) => e);
-  t.equal(err.code, 1);
+  // Never on the CI host as it is: in a private mount namespace with every mount read-only and a
+  // PID namespace of its own, a script that failed to refuse could neither delete nor kill.
+  const sealed = `for m in $(awk '{print $2}' /proc/self/mounts | sort -r); do mount -o remount,bind,ro "$m" 2>/dev/null; done; touch /root/.writable-probe 2>/dev/null && { echo "not sealed" >&2; exit 99; }; exec bash ${file} --yes`;
+  const err = await run("unshare", [
+    "--mount",
+    "--propagation",
+    "private",
+    "--pid",
+    "--fork",
+    "--mount-proc",
+    "sh",
+    "-c",
+    sealed,
+  ]).catch((e) => e);
+  t.equal(err.code, 1, "exits 1: refused");
   t.match(err.stderr, /--yes-i-am-sane-and-i-understand-what-i-am-doing/);
+  t.notMatch(err.stderr, /Read-only file system/, "it tried to change nothing");
   t.same(await readdir(tmp), before);
 });
 
