@@ -188,9 +188,11 @@ function teardownSync(s: NodeState, keepDir = false): void {
     sh(["umount", "-l", s.merged]);
   }
   sh(["rm", "-rf", "--one-file-system", `/run/systemd/nspawn/propagate/${s.name}`]);
-  sh(["ip", "netns", "delete", s.netns]);
-  sh(["ip", "link", "delete", s.hostIf]);
-  sh(["rm", "-f", path.join(STATE_DIR, "net", String(s.slot))]);
+  if (s.slot >= 0) {
+    sh(["ip", "netns", "delete", s.netns]);
+    sh(["ip", "link", "delete", s.hostIf]);
+    sh(["rm", "-f", path.join(STATE_DIR, "net", String(s.slot))]);
+  }
   s.pid = undefined;
   s.nspawnPid = undefined;
   if (keepDir) return;
@@ -592,5 +594,98 @@ export async function diffUpper(lower: string, upper: string): Promise<NodeDiff>
     users: await accounts("passwd"),
     groups: await accounts("group"),
     units: entries.filter((e) => unitDirs.some((d) => e.path.startsWith(d)) && e.type !== "dir"),
+  };
+}
+
+// ---- a root to run commands in, without booting it ----
+
+export interface RootSandbox {
+  rootfs: string;
+  lower: string;
+  upper: string;
+  /**
+   * Runs argv in a fresh `systemd-nspawn` container over the sandbox's overlay (changes persist
+   * between runs, in the upper dir). It shares the host's network, so apt reaches the mirror.
+   */
+  run(
+    argv: string[],
+    opts?: { user?: string; binds?: string[]; env?: Record<string, string>; timeoutMs?: number; cwd?: string },
+  ): Promise<ExecResult>;
+  diff(): Promise<NodeDiff>;
+  dispose(): Promise<void>;
+}
+
+/**
+ * An overlay over `lower` (a debianRoot) for running programs in a root that has no init: a
+ * fresh machine for prerequisite checks, a target for package installs. Disposed like a node.
+ */
+export async function rootSandbox(lower: string, opts: { parentDir?: string } = {}): Promise<RootSandbox> {
+  if (process.getuid?.() !== 0) throw new Error("nspawn-node: needs root");
+  installExitHandlers();
+  await reapStaleNodes();
+  const name = `bs-${randomBytes(3).toString("hex")}`;
+  const dir = await mkdtemp(path.join(opts.parentDir ?? os.tmpdir(), `bashible-root-${name}-`));
+  const upper = path.join(dir, "upper");
+  const work = path.join(dir, "work");
+  const merged = path.join(dir, "rootfs");
+  for (const d of [upper, work, merged]) await mkdir(d);
+  const s: NodeState = { owner: process.pid, name, dir, merged, netns: "", hostIf: "", slot: -1 };
+  live.set(name, s);
+  await mkdir(STATE_DIR, { recursive: true });
+  await writeFile(path.join(STATE_DIR, `${name}.json`), JSON.stringify(s));
+  try {
+    must(["mount", "-t", "overlay", "overlay", "-o", `lowerdir=${lower},upperdir=${upper},workdir=${work}`, merged]);
+  } catch (err) {
+    teardownSync(s);
+    throw err;
+  }
+  return {
+    rootfs: merged,
+    lower,
+    upper,
+    run(argv, o = {}) {
+      const args = [
+        "-q",
+        "--register=no",
+        "--keep-unit",
+        "--as-pid2",
+        "--pipe",
+        "-D",
+        merged,
+        `--machine=${name}`,
+        "--resolv-conf=copy-host",
+        "--timezone=off",
+        "--link-journal=no",
+        ...(o.user ? [`--user=${o.user}`] : []),
+        ...(o.cwd ? [`--chdir=${o.cwd}`] : []),
+        ...(o.binds ?? []).map((b) => `--bind-ro=${b}`),
+        ...Object.entries(o.env ?? {}).map(([k, v]) => `--setenv=${k}=${v}`),
+        "--",
+        ...argv,
+      ];
+      return new Promise((resolve, reject) => {
+        const child = spawn("systemd-nspawn", args, {
+          stdio: ["ignore", "pipe", "pipe"],
+          timeout: o.timeoutMs,
+          killSignal: "SIGKILL",
+        });
+        const out: Buffer[] = [];
+        const err: Buffer[] = [];
+        child.stdout.on("data", (d: Buffer) => out.push(d));
+        child.stderr.on("data", (d: Buffer) => err.push(d));
+        child.once("error", reject);
+        child.once("close", (code, signal) =>
+          resolve({
+            exitCode: code ?? 128,
+            stdout: Buffer.concat(out).toString("utf8"),
+            stderr: Buffer.concat(err).toString("utf8") + (signal ? `\n(killed by ${signal})` : ""),
+          }),
+        );
+      });
+    },
+    diff: () => diffUpper(lower, upper),
+    async dispose() {
+      teardownSync(s);
+    },
   };
 }
