@@ -6,7 +6,7 @@
 import t, { type Test } from "tap";
 import { spawn, spawnSync } from "node:child_process";
 import { existsSync } from "node:fs";
-import { mkdir, mkdtemp, readdir, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
 import { createServer, type Server } from "node:net";
 import os from "node:os";
 import path from "node:path";
@@ -112,6 +112,25 @@ if (!root) {
     );
   });
 
+  t.test("writableCgroups: the node's cgroup v1 controllers take a new group (what containerd needs)", async (t) => {
+    const plain = await nodeForTest(t, { root: lower });
+    const denied = await plain.exec(["mkdir", "/sys/fs/cgroup/memory/bashible-probe"]);
+    t.not(denied.exitCode, 0, "nspawn mounts them read-only");
+    t.match(denied.stderr, /Read-only file system/);
+    const node = await nodeForTest(t, { root: lower, writableCgroups: true });
+    for (const c of ["memory", "cpu", "pids"]) {
+      await node.mustExec(["mkdir", `/sys/fs/cgroup/${c}/bashible-probe`]);
+      await node.mustExec(["rmdir", `/sys/fs/cgroup/${c}/bashible-probe`]);
+    }
+    t.pass("mkdir and rmdir in memory, cpu and pids");
+    // The node's cgroup namespace is rooted at a cgroup of its own: what it creates (containerd's
+    // groups) lands below the node's directory on the host, apart from the host's and other nodes'.
+    const own = (await node.mustExec(["cat", "/proc/self/cgroup"])).stdout;
+    t.match(own, /^\d+:memory:\/$/m, "commands run in the node's own cgroup");
+    const hostView = await readFile(`/proc/${node.pid}/cgroup`, "utf8");
+    t.match(hostView, new RegExp(`:memory:.*/bashible-nodes/${node.name}$`, "m"), "on the host: bashible-nodes/<name>");
+  });
+
   t.test("two nodes boot side by side, each with its own address, both reach the host", async (t) => {
     const [a, b] = await Promise.all([nodeForTest(t, { root: lower }), nodeForTest(t, { root: lower })]);
     t.not(a.name, b.name);
@@ -160,6 +179,10 @@ if (!root) {
     t.notMatch(netns, `bashible-${node.name}`, "network namespace removed");
     t.not(spawnSync("ip", ["link", "show", node.hostInterface]).status, 0, "host veth removed");
     t.notOk(existsSync(node.dir), "temp dir removed");
+    const cgroups = spawnSync("find", ["/sys/fs/cgroup", "-maxdepth", "6", "-type", "d", "-name", node.name], {
+      encoding: "utf8",
+    }).stdout;
+    t.equal(cgroups, "", "the node's cgroups removed");
     // Gone, or a zombie its new parent has not reaped yet: either way nothing runs.
     const stat = spawnSync("cat", [`/proc/${node.pid}/stat`], { encoding: "utf8" }).stdout;
     t.ok(stat === "" || / Z /.test(stat), "the node's systemd is gone");

@@ -25,9 +25,10 @@ export const SUITE = "bookworm";
 const RECIPE = 1;
 
 /**
- * A node: systemd as PID 1 and what the agent and its steps use on a real Debian node (the
- * shadow tools and tar come with minbase; visudo from sudo, update-ca-certificates from
- * ca-certificates). libseccomp2 is runc's one shared library.
+ * A node: systemd as PID 1 and what the agent, its steps and the bootstrap scripts use on a real
+ * Debian node (the shadow tools, tar, chattr come with minbase; visudo from sudo,
+ * update-ca-certificates from ca-certificates, curl for bootstrap.sh). libseccomp2 is runc's one
+ * shared library; iptables and kmod are what a kubelet node's networking reaches for.
  */
 export const NODE_PACKAGES: readonly string[] = [
   "systemd",
@@ -37,6 +38,7 @@ export const NODE_PACKAGES: readonly string[] = [
   "procps",
   "sudo",
   "ca-certificates",
+  "curl",
   "kmod",
   "iptables",
   "libseccomp2",

@@ -16,10 +16,13 @@
 // - No watchdog device (/dev/watchdog): fencing needs a stand-in with the same interface.
 // - PSI (/proc/pressure/*) and /proc/meminfo are the host's, not the node's: pressure caused by
 //   other work on the machine shows inside, and the node's own limits do not.
-// - cgroups: the host has cgroup v1 controllers; nspawn mounts them read-only inside. With
-//   `writableCgroups` the node remounts them writable (what containerd and the kubelet need),
-//   and then the node can change cgroups outside its own subtree. Processes started with
-//   `exec()` live in the caller's cgroup, not in a unit of the node's systemd.
+// - cgroups: the host has cgroup v1 controllers (and a controller-less cgroup2). Each node runs
+//   in a cgroup of its own in every hierarchy (…/bashible-nodes/<name>, below the test process's),
+//   which is the root of its cgroup namespace; commands run with `exec()` join it too. nspawn
+//   mounts the v1 controllers read-only inside; with `writableCgroups` the node remounts them
+//   writable (what containerd and the kubelet need) and can then create groups below its own.
+//   There is no cgroup v2 with controllers here: what needs it (v2 PSI per group, memory.high)
+//   cannot be tried in a node on this machine.
 // - The kernel is the host's: modules cannot be loaded, sysctls outside the network namespace
 //   (vm.*, kernel.*) are the host's. /proc/sys is read-only unless `writableProcSys`, and with it
 //   a node that writes vm.* or kernel.* changes the machine (a kubelet does: panic_on_oops...).
@@ -33,7 +36,7 @@
 // mount), iproute2 (ip) and debootstrap (for the root).
 import { type ChildProcess, spawn, spawnSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { closeSync, openSync, readFileSync, statSync, writeSync } from "node:fs";
+import { closeSync, existsSync, mkdirSync, openSync, readFileSync, statSync, writeFileSync, writeSync } from "node:fs";
 import { lstat, mkdir, mkdtemp, open, readdir, readFile, stat, unlink, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
@@ -150,6 +153,8 @@ interface NodeState {
   netns: string;
   hostIf: string;
   slot: number;
+  /** The node's own cgroup in every hierarchy (removed, children first, on teardown). */
+  cgroups?: string[];
 }
 
 const live = new Map<string, NodeState>();
@@ -188,6 +193,9 @@ function teardownSync(s: NodeState, keepDir = false): void {
     sh(["umount", "-l", s.merged]);
   }
   sh(["rm", "-rf", "--one-file-system", `/run/systemd/nspawn/propagate/${s.name}`]);
+  for (const cg of s.cgroups ?? []) {
+    if (existsSync(cg)) sh(["find", cg, "-depth", "-type", "d", "-exec", "rmdir", "{}", ";"]);
+  }
   if (s.slot >= 0) {
     sh(["ip", "netns", "delete", s.netns]);
     sh(["ip", "link", "delete", s.hostIf]);
@@ -278,15 +286,19 @@ async function containerInit(nspawnPid: number, deadline: number, child: ChildPr
   }
 }
 
+/** Shell that joins the cgroups given before `--`, then execs the rest (keeping its pid). */
+const JOIN_CGROUPS = 'while [ "$1" != -- ]; do echo $$ >"$1/cgroup.procs" || exit 97; shift; done; shift; exec "$@"';
+
 function runInside(
   pid: number,
   argv: string[],
-  opts: ExecOptions & { pipeStdin?: boolean } = {},
+  opts: ExecOptions & { pipeStdin?: boolean; cgroups?: string[] } = {},
 ): { child: ChildProcess; done: Promise<ExecResult> } {
   const env = Object.entries({ PATH: NODE_PATH, HOME: "/root", LANG: "C.UTF-8", TERM: "dumb", ...opts.env }).map(
     ([k, v]) => `${k}=${v}`,
   );
-  const child = spawn("nsenter", ["-t", String(pid), "-a", "env", "-i", "-C", opts.cwd ?? "/root", ...env, ...argv], {
+  const nsenter = ["nsenter", "-t", String(pid), "-a", "env", "-i", "-C", opts.cwd ?? "/root", ...env, ...argv];
+  const child = spawn("sh", ["-c", JOIN_CGROUPS, "sh", ...(opts.cgroups ?? []), "--", ...nsenter], {
     stdio: ["pipe", "pipe", "pipe"],
     timeout: opts.timeoutMs,
     killSignal: "SIGKILL",
@@ -308,6 +320,49 @@ function runInside(
   child.stdin?.on("error", () => undefined);
   if (!opts.pipeStdin) child.stdin?.end(opts.input);
   return { child, done };
+}
+
+/**
+ * A cgroup of the node's own in every hierarchy, below this process's (so limits on the test
+ * run still apply): nspawn is started inside it, so the node's cgroup namespace root is its own
+ * directory, and what the node creates there (containerd's, the kubelet's groups) stays apart
+ * from the host's and from other nodes'.
+ */
+function makeNodeCgroups(name: string): string[] {
+  const own = new Map<string, string>();
+  for (const line of readFileSync("/proc/self/cgroup", "utf8").trim().split("\n")) {
+    const [, controllers = "", rel = "/"] = /^\d+:([^:]*):(.*)$/.exec(line) ?? [];
+    own.set(controllers, rel);
+  }
+  const dirs: string[] = [];
+  for (const line of readFileSync("/proc/self/mountinfo", "utf8").trim().split("\n")) {
+    const [pre = "", post = ""] = line.split(" - ");
+    const [fstype, , superOpts = ""] = post.split(" ");
+    const [, , , root, mountPoint] = pre.split(" ");
+    if ((fstype !== "cgroup" && fstype !== "cgroup2") || root !== "/" || !mountPoint) continue;
+    const key =
+      fstype === "cgroup2"
+        ? ""
+        : superOpts
+            .split(",")
+            .filter((o) => o !== "rw" && o !== "ro" && !o.startsWith("clone_children") && o !== "xattr")
+            .join(",");
+    const rel = own.get(key);
+    if (rel === undefined) continue;
+    const base = path.join(mountPoint, rel, "bashible-nodes");
+    const dir = path.join(base, name);
+    mkdirSync(dir, { recursive: true });
+    // A new cpuset has no CPUs or memory nodes until given its parent's.
+    for (const f of ["cpuset.cpus", "cpuset.mems"]) {
+      const parent = path.join(mountPoint, rel, f);
+      if (!existsSync(parent)) continue;
+      const value = readFileSync(parent, "utf8");
+      writeFileSync(path.join(base, f), value);
+      writeFileSync(path.join(dir, f), value);
+    }
+    dirs.push(dir);
+  }
+  return dirs;
 }
 
 const CGROUP_V1_CONTROLLERS = ["memory", "cpu", "cpuacct", "cpuset", "devices", "freezer", "blkio", "pids"];
@@ -381,7 +436,10 @@ export async function bootNode(opts: NodeOptions = {}): Promise<NspawnNode> {
       ...(opts.kmsg === false ? [] : ["--bind=/dev/kmsg"]),
       ...(opts.nspawnArgs ?? []),
     ];
-    child = spawn("systemd-nspawn", args, {
+    s.cgroups = makeNodeCgroups(name);
+    await writeState();
+    // The shell joins the node's cgroups, then becomes nspawn (same pid).
+    child = spawn("sh", ["-c", JOIN_CGROUPS, "sh", ...s.cgroups, "--", "systemd-nspawn", ...args], {
       env: {
         PATH: process.env.PATH ?? NODE_PATH,
         SYSTEMD_SECCOMP: "0",
@@ -398,6 +456,11 @@ export async function bootNode(opts: NodeOptions = {}): Promise<NspawnNode> {
     const pid = await containerInit(child.pid as number, deadline, child);
     s.pid = pid;
     await writeState();
+    // Commands run inside join the node's cgroups too (nspawn keeps systemd's tree in payload/),
+    // so they are accounted to the node and see "/" as their cgroup, like the node's own.
+    const cgroups = (s.cgroups ?? []).map((d) => (existsSync(path.join(d, "payload")) ? path.join(d, "payload") : d));
+    const inside = (argv: string[], o: ExecOptions & { pipeStdin?: boolean } = {}) =>
+      runInside(pid, argv, { ...o, cgroups });
 
     const node: NspawnNode = {
       name,
@@ -413,23 +476,22 @@ export async function bootNode(opts: NodeOptions = {}): Promise<NspawnNode> {
       failedUnits: [],
       bootLog: () => readFile(bootLogFile, "utf8").catch(() => ""),
       running: () => c.exitCode === null && c.signalCode === null,
-      exec: (argv, o) => runInside(pid, argv, o).done,
+      exec: (argv, o) => inside(argv, o).done,
       async mustExec(argv, o) {
-        const r = await runInside(pid, argv, o).done;
+        const r = await inside(argv, o).done;
         if (r.exitCode !== 0) {
           throw new Error(`${name}: ${argv.join(" ")} exited ${r.exitCode}:\n${(r.stderr || r.stdout).trim()}`);
         }
         return r;
       },
-      spawn: (argv, o) => runInside(pid, argv, o ?? {}).child,
+      spawn: (argv, o) => inside(argv, o ?? {}).child,
       async copyIn(src, dest) {
         // tar through nsenter: lands in the node's own mounts (/tmp, /run) and keeps modes.
         const st = await stat(src);
         const [cdir, what] = st.isDirectory() ? [src, "."] : [path.dirname(src), path.basename(src)];
         const target = st.isDirectory() ? dest : path.dirname(dest);
         const tar = spawn("tar", ["-C", cdir, "-cf", "-", what], { stdio: ["ignore", "pipe", "pipe"] });
-        const inside = runInside(
-          pid,
+        const untar = inside(
           [
             "sh",
             "-c",
@@ -443,16 +505,15 @@ export async function bootNode(opts: NodeOptions = {}): Promise<NspawnNode> {
           ],
           { pipeStdin: true },
         );
-        tar.stdout.pipe(inside.child.stdin as NodeJS.WritableStream);
+        tar.stdout.pipe(untar.child.stdin as NodeJS.WritableStream);
         const [r, tarCode] = await Promise.all([
-          inside.done,
+          untar.done,
           new Promise<number>((res) => tar.once("close", (code) => res(code ?? 1))),
         ]);
         if (tarCode !== 0 || r.exitCode !== 0) throw new Error(`${name}: copy ${src} → ${dest} failed: ${r.stderr}`);
       },
       async writeFile(dest, content, mode = 0o644) {
-        const r = await runInside(
-          pid,
+        const r = await inside(
           ["sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1" && chmod "$2" "$1"', "sh", dest, mode.toString(8)],
           { input: content },
         ).done;
@@ -462,7 +523,7 @@ export async function bootNode(opts: NodeOptions = {}): Promise<NspawnNode> {
         const until = Date.now() + timeoutMs;
         for (;;) {
           // --wait blocks until boot is over; it fails at once while PID 1 has no bus socket yet.
-          const r = await runInside(pid, ["systemctl", "is-system-running", "--wait"], {
+          const r = await inside(["systemctl", "is-system-running", "--wait"], {
             timeoutMs: Math.max(1000, until - Date.now()),
           }).done;
           const st = r.stdout.trim();
