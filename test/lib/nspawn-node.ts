@@ -219,6 +219,8 @@ function installExitHandlers(): void {
   });
   for (const sig of ["SIGINT", "SIGTERM", "SIGHUP"] as const) {
     process.once(sig, () => {
+      // Someone else handles the signal (the by-hand CLI below): leave it to them.
+      if (process.listenerCount(sig) > 0) return;
       for (const s of [...live.values()]) teardownSync(s);
       process.kill(process.pid, sig);
     });
@@ -749,4 +751,30 @@ export async function rootSandbox(lower: string, opts: { parentDir?: string } = 
       teardownSync(s);
     },
   };
+}
+
+// By hand, for debugging: boots a node and keeps it until Ctrl-C, then prints what it changed.
+//   node test/lib/nspawn-node.ts [--writable-cgroups] [--writable-proc-sys] [nspawn args, e.g. --bind-ro=/src:/mnt]
+if (import.meta.main) {
+  const args = process.argv.slice(2);
+  const node = await bootNode({
+    writableCgroups: args.includes("--writable-cgroups"),
+    writableProcSys: args.includes("--writable-proc-sys"),
+    nspawnArgs: args.filter((a) => a !== "--writable-cgroups" && a !== "--writable-proc-sys"),
+  });
+  console.log(
+    [
+      `node ${node.name}: ${node.state}${node.failedUnits.length ? ` (failed: ${node.failedUnits.join(", ")})` : ""}`,
+      `  enter:    nsenter -t ${node.pid} -a bash -l`,
+      `  address:  ${node.address} (the host is ${node.hostAddress} on ${node.hostInterface})`,
+      `  rootfs:   ${node.rootfs} (upper: ${node.upper})`,
+      `  boot log: ${path.join(node.dir, "boot.log")}`,
+      "Ctrl-C stops and removes it.",
+    ].join("\n"),
+  );
+  await new Promise<void>((resolve) => process.once("SIGINT", () => resolve()));
+  await node.stop();
+  for (const e of (await node.diff()).entries) console.log(`  ${e.kind.padEnd(7)} ${e.path}`);
+  await node.dispose();
+  process.exit(0);
 }
