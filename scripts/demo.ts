@@ -5,8 +5,10 @@
 // cluster (examples/cluster) with its context pointed at them. The agent, as node worker-1,
 // fetches group worker's bundle through the server's API and converges a sandbox root: plan,
 // once, status, plan again. Nothing outside the sandbox is changed. Needs root (users are
-// created in the sandbox's /etc/passwd with the shadow tools).
+// created in the sandbox's /etc/passwd with the shadow tools). The Debian packages it needs
+// (scripts/demo-prerequisites.ts) are installed first when missing.
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
+import { ensurePrerequisites } from "./demo-prerequisites.ts";
 import { cp, mkdir, mkdtemp, readFile, writeFile, readdir } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
@@ -25,14 +27,6 @@ function cleanupAndExit(code: number): never {
   process.exit(code);
 }
 process.on("SIGINT", () => cleanupAndExit(130));
-
-function needDebianPackage(bin: string, pkg: string): void {
-  if (spawnSync("sh", ["-c", `command -v ${bin} || test -x /usr/bin/${bin}`]).status === 0) return;
-  if (process.getuid?.() !== 0) throw new Error(`demo: ${bin} is missing; install Debian package ${pkg}`);
-  console.log(`demo: installing Debian package ${pkg} (for ${bin})`);
-  const r = spawnSync("apt-get", ["install", "-y", "-qq", "--no-install-recommends", pkg], { stdio: "inherit" });
-  if (r.status !== 0) throw new Error(`demo: apt-get install ${pkg} failed`);
-}
 
 /** Starts `bashible <args>` in the background; resolves with the first log record matching. */
 function background(
@@ -68,7 +62,9 @@ function agent(args: string[]): number {
 }
 
 async function main(): Promise<void> {
-  needDebianPackage("docker-registry", "docker-registry");
+  // Every program the demo and its steps run, installed up front (as root) or named: a step
+  // must never be the first to find one missing.
+  ensurePrerequisites();
   const work = await mkdtemp(path.join(os.tmpdir(), "bashible-demo-"));
   console.log(`demo: working in ${work} (kept afterwards for a look around)`);
 

@@ -1,0 +1,127 @@
+// The programs `npm run demo` needs on the machine, and the Debian packages that bring them.
+//
+//   node scripts/demo-prerequisites.ts           root: install what is missing; else name it
+//   node scripts/demo-prerequisites.ts --check   only report; exit 1 when something is missing
+//
+// The list comes from reading what the demo runs: the demo itself (the OCI registry, the test
+// PKI, packing registry packages) and the steps its bundle holds (NodeUsers, CACertificates,
+// DeckhousePath, RegistryPackages, one Script). Programs every Debian system has (sh, coreutils)
+// are not listed. This file imports nothing but Node's built-ins: it runs on its own, on a bare
+// machine, before anything else of the demo loads.
+import { spawnSync } from "node:child_process";
+import { accessSync, constants } from "node:fs";
+import path from "node:path";
+
+export interface Prerequisite {
+  program: string;
+  /** Debian package that ships it. */
+  pkg: string;
+  /** Who runs it, for the message. */
+  usedBy: string;
+}
+
+export const DEMO_PREREQUISITES: readonly Prerequisite[] = [
+  { program: "docker-registry", pkg: "docker-registry", usedBy: "the demo's OCI registry" },
+  { program: "openssl", pkg: "openssl", usedBy: "the demo's PKI (cluster CA, proxy and node certificates)" },
+  { program: "tar", pkg: "tar", usedBy: "packing registry packages; RegistryPackages unpacks them" },
+  { program: "gzip", pkg: "gzip", usedBy: "tar -z (registry package layers)" },
+  { program: "bash", pkg: "bash", usedBy: "registry package install scripts; Script steps" },
+  { program: "useradd", pkg: "passwd", usedBy: "NodeUsers" },
+  { program: "usermod", pkg: "passwd", usedBy: "NodeUsers" },
+  { program: "userdel", pkg: "passwd", usedBy: "NodeUsers" },
+  { program: "groupadd", pkg: "passwd", usedBy: "NodeUsers (the sudo group)" },
+  { program: "visudo", pkg: "sudo", usedBy: "NodeUsers (checks the sudoers drop-in)" },
+  { program: "update-ca-certificates", pkg: "ca-certificates", usedBy: "CACertificates" },
+];
+// Not listed, on purpose: chpasswd, pgrep and pkill (passwd, procps) run only on a real root,
+// never in the demo's sandbox; sysctl only when a Script runs on "/".
+
+const SEARCH = ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"];
+
+/** Finds a program on PATH or in the usual system directories (a user's PATH often lacks sbin). */
+export function findProgram(program: string): string | undefined {
+  const dirs = [...(process.env.PATH ?? "").split(":").filter(Boolean), ...SEARCH];
+  for (const dir of dirs) {
+    const p = path.join(dir, program);
+    try {
+      accessSync(p, constants.X_OK);
+      return p;
+    } catch {
+      // next
+    }
+  }
+  return undefined;
+}
+
+export function missingPrerequisites(list: readonly Prerequisite[] = DEMO_PREREQUISITES): Prerequisite[] {
+  return list.filter((p) => !findProgram(p.program));
+}
+
+const packagesOf = (list: readonly Prerequisite[]) => [...new Set(list.map((p) => p.pkg))].sort();
+
+/** What is missing, as a person would want it said. */
+export function describeMissing(missing: readonly Prerequisite[]): string {
+  const lines = missing.map((p) => `  ${p.program} (Debian package ${p.pkg}): ${p.usedBy}`);
+  return [
+    `the demo needs programs this machine lacks:`,
+    ...lines,
+    `install them as root: apt-get install -y --no-install-recommends ${packagesOf(missing).join(" ")}`,
+  ].join("\n");
+}
+
+function aptGet(args: string[], log: (s: string) => void): boolean {
+  log(`$ apt-get ${args.join(" ")}`);
+  const r = spawnSync("apt-get", args, {
+    stdio: ["ignore", "inherit", "inherit"],
+    env: { ...process.env, DEBIAN_FRONTEND: "noninteractive" },
+  });
+  return r.status === 0;
+}
+
+/**
+ * Makes sure every prerequisite is there: as root installs the missing packages with apt-get
+ * (refreshing the package lists once if a package is not found), otherwise throws naming the
+ * packages. Returns the packages it installed.
+ */
+export function ensurePrerequisites(
+  opts: { list?: readonly Prerequisite[]; log?: (s: string) => void } = {},
+): string[] {
+  const list = opts.list ?? DEMO_PREREQUISITES;
+  const log = opts.log ?? ((s: string) => console.log(s));
+  const missing = missingPrerequisites(list);
+  if (missing.length === 0) return [];
+  if (process.getuid?.() !== 0) throw new Error(describeMissing(missing));
+  if (!findProgram("apt-get")) {
+    throw new Error(`${describeMissing(missing)}\n(no apt-get here: install the equivalent packages by hand)`);
+  }
+  const pkgs = packagesOf(missing);
+  log(`demo: installing Debian packages ${pkgs.join(", ")} (for ${missing.map((p) => p.program).join(", ")})`);
+  const install = ["install", "-y", "-q", "--no-install-recommends", ...pkgs];
+  // A fresh machine may have no package lists yet ("Unable to locate package"): update, retry.
+  if (!aptGet(install, log) && !(aptGet(["update", "-q"], log) && aptGet(install, log))) {
+    throw new Error(`apt-get install ${pkgs.join(" ")} failed\n${describeMissing(missing)}`);
+  }
+  const still = missingPrerequisites(list);
+  if (still.length > 0) throw new Error(`installed ${pkgs.join(" ")}, yet:\n${describeMissing(still)}`);
+  return pkgs;
+}
+
+if (import.meta.main) {
+  const check = process.argv.includes("--check");
+  const missing = missingPrerequisites();
+  if (check || missing.length === 0) {
+    if (missing.length > 0) {
+      console.error(describeMissing(missing));
+      process.exit(1);
+    }
+    console.log(`demo prerequisites: all present (${DEMO_PREREQUISITES.map((p) => p.program).join(", ")})`);
+    process.exit(0);
+  }
+  try {
+    const installed = ensurePrerequisites();
+    console.log(`demo prerequisites: installed ${installed.join(", ")}; all present`);
+  } catch (err) {
+    console.error(`demo: ${(err as Error).message}`);
+    process.exit(1);
+  }
+}
