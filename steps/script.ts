@@ -113,6 +113,7 @@ const script: Step<"Script", ScriptChange> = {
       env: scriptEnv(host, ctx),
       cleanEnv: true,
       logFile: ctx.logFile,
+      secrets: ctx.secrets,
       onLine: (stream, line) => log.info({ stream }, line),
       ...(ctx.signal ? { signal: ctx.signal } : {}),
     });

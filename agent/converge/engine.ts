@@ -26,7 +26,7 @@ export interface RetryPolicy {
 
 export const DEFAULT_RETRY: RetryPolicy = { intervalMs: 2000, maxAttempts: 10 };
 
-export type BaseContext = Omit<StepContext, "stepName" | "logFile">;
+export type BaseContext = Omit<StepContext, "stepName" | "logFile" | "secrets">;
 
 export interface StepPlan {
   name: string;
@@ -36,8 +36,8 @@ export interface StepPlan {
   error?: string;
 }
 
-function contextFor(step: BundleStep, base: BaseContext): StepContext {
-  return { ...base, stepName: step.name, logFile: stepLogPath(step.name) };
+function contextFor(step: BundleStep, base: BaseContext, secrets: string[]): StepContext {
+  return { ...base, stepName: step.name, logFile: stepLogPath(step.name), secrets };
 }
 
 const bind = (step: BundleStep): Promise<BoundStep> => bindStep(step.kind, step.spec);
@@ -78,7 +78,7 @@ export async function planSteps(host: Host, bundle: NodeGroupBundle, base: BaseC
   for (const step of bundle.steps) {
     try {
       const bound = await bind(step);
-      const p = await bound.plan(host, contextFor(step, base));
+      const p = await bound.plan(host, contextFor(step, base, secrets));
       for (const c of p.changes) for (const path of pathsOf(c)) changed.add(path);
       for (const decl of bound.services(host)) {
         const svc = await serviceChange(decl, changed, base);
@@ -161,7 +161,7 @@ export async function applySteps(
     if (base.signal?.aborted) {
       return { ok: false, steps: results, failed: { name: step.name, error: "the run was stopped before this step" } };
     }
-    const ctx = contextFor(step, base);
+    const ctx = contextFor(step, base, secrets);
     const log = base.log.child({ step: step.name });
     const started = Date.now();
     await host.writeFile(ctx.logFile, `# ${new Date().toISOString()} ${step.name} (${step.kind})\n`, { mode: 0o640 });
