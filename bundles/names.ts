@@ -43,3 +43,14 @@ export const EVENTS = {
   bundleRejected: "BashibleBundleRejected",
   earlyOomKilled: "EarlyOOMKilled",
 } as const;
+
+/**
+ * Built-in step names: Deckhouse's, so NodeGroupConfiguration weights order custom scripts
+ * against them as they do in Deckhouse, and a custom script cannot take one.
+ */
+export const BUILTIN_STEPS = {
+  nodeUsers: "000_add_node_users",
+  caCertificates: "003_install_ca_certificates",
+  deckhousePath: "004_add_deckhouse_paths",
+  registryPackages: "007_fetch_registry_packages",
+} as const;

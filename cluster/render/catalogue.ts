@@ -3,6 +3,7 @@
 // validates its inputs and hands this module plain values; the output is the `steps` list of a
 // NodeGroupBundle (bundles/types.ts), ordered by name.
 import type { BundleStep, NodeUserSpec, RegistryPackageRef } from "../../bundles/types.ts";
+import { BUILTIN_STEPS } from "../../bundles/names.ts";
 
 export interface CatalogueInput {
   users: NodeUserSpec[];
@@ -12,13 +13,7 @@ export interface CatalogueInput {
   scripts: { name: string; weight: number; script: string; bundles: string[] }[];
 }
 
-/** Built-in steps by name. Custom scripts may not take these names. */
-export const BUILTIN_STEPS = {
-  nodeUsers: "000_node_users",
-  caCertificates: "003_ca_certificates",
-  deckhousePath: "004_deckhouse_path",
-  registryPackages: "007_registry_packages",
-} as const;
+export { BUILTIN_STEPS };
 
 export const BUILTIN_STEP_NAMES: ReadonlySet<string> = new Set(Object.values(BUILTIN_STEPS));
 

@@ -46,7 +46,7 @@ t.test("plan, once, plan: the part-1 steps converge a Debian tree through the CL
     },
     { name: "004_add_deckhouse_paths", kind: "DeckhousePath", spec: {} },
     {
-      name: "007_registry_packages",
+      name: "007_fetch_registry_packages",
       kind: "RegistryPackages",
       spec: { packages: [{ name: "jq", digest, repository: "deckhouse/packages/jq" }] },
     },
@@ -75,7 +75,7 @@ t.test("plan, once, plan: the part-1 steps converge a Debian tree through the CL
   t.ok(await readFile(path.join(root, "opt/deckhouse/bin/jq")));
   t.ok(await readFile(path.join(root, "etc/ssl/certs/bashible-cluster.pem")));
   t.ok(await readFile(path.join(root, "etc/profile.d/02-deckhouse-path.sh")));
-  for (const log of ["000_add_node_users", "007_registry_packages"]) {
+  for (const log of ["000_add_node_users", "007_fetch_registry_packages"]) {
     const text = await readFile(path.join(root, `var/log/d8/bashible/step.${log}.log`), "utf8").catch(() => "");
     secretsAbsent(`step log ${log}`, text);
   }

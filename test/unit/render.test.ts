@@ -23,10 +23,10 @@ t.test("the example renders the built-in steps and the NGC in name order", async
   t.same(
     r.bundle.steps.map((s) => `${s.name}:${s.kind}`),
     [
-      "000_node_users:NodeUsers",
-      "003_ca_certificates:CACertificates",
-      "004_deckhouse_path:DeckhousePath",
-      "007_registry_packages:RegistryPackages",
+      "000_add_node_users:NodeUsers",
+      "003_install_ca_certificates:CACertificates",
+      "004_add_deckhouse_paths:DeckhousePath",
+      "007_fetch_registry_packages:RegistryPackages",
       "050_sysctl-tuning:Script",
     ],
   );
@@ -120,8 +120,8 @@ t.test("bad input gives an error naming the object", async (t) => {
   t.match(bad.message, /NodeGroup\/Bad_Name: invalid name/);
 
   const clash = inputs();
-  clash.configurations.push({ metadata: { name: "node_users" }, spec: { content: "true", weight: 0 } });
-  t.match(renderErr(clash).message, /NodeGroupConfiguration\/node_users: step name 000_node_users .* built-in/);
+  clash.configurations.push({ metadata: { name: "add_node_users" }, spec: { content: "true", weight: 0 } });
+  t.match(renderErr(clash).message, /NodeGroupConfiguration\/add_node_users: step name 000_add_node_users .* built-in/);
 
   const huge = inputs();
   huge.configurations[0]!.spec.content = `#!/bin/bash\n${"x".repeat(300 * 1024)}`;
