@@ -1,12 +1,15 @@
 // The converge runtime reporting to a real kube-apiserver as the node itself
 // (system:node:<name>): checksum annotation, Events, update approval, reboot requests.
 import t from "tap";
-import { mkdir, readFile, rm, writeFile } from "node:fs/promises";
+import { mkdir, readFile, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { withControlPlane } from "../fixtures/control-plane.ts";
 import { bashible, waitFor } from "../fixtures/cli.ts";
 import { makeBundle, sandbox, script, writeBundle } from "../fixtures/bundle.ts";
 import * as api from "../../lib/kube/api.ts";
+import { requireRoot } from "../fixtures/root.ts";
+
+await requireRoot("the agent sets root ownership on what it writes");
 
 const cp = await withControlPlane(t);
 const admin = cp.admin;

@@ -11,6 +11,9 @@ import { MAIN, bashible } from "../fixtures/cli.ts";
 import { makeBundle, sandbox, script } from "../fixtures/bundle.ts";
 import { createCA } from "../lib/pki.ts";
 import type { BundleStep } from "../../bundles/types.ts";
+import { requireRoot } from "../fixtures/root.ts";
+
+await requireRoot("the agent sets root ownership on what it writes");
 
 const KILLS = Number(process.env.BASHIBLE_CRASH_KILLS ?? 100);
 

@@ -5,6 +5,9 @@ import { readFile, rm, writeFile, mkdir, readdir } from "node:fs/promises";
 import path from "node:path";
 import { bashible, bashibleDaemon, waitFor } from "../fixtures/cli.ts";
 import { makeBundle, sandbox, script, treeHash, writeBundle } from "../fixtures/bundle.ts";
+import { requireRoot } from "../fixtures/root.ts";
+
+await requireRoot("the agent sets root ownership on what it writes");
 
 const hello = (text: string) =>
   script(

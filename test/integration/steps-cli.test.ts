@@ -9,6 +9,9 @@ import { makeBundle, sandbox, treeHash, writeBundle } from "../fixtures/bundle.t
 import { withProxy } from "../fixtures/packages-proxy.ts";
 import { binaryPackage, buildLayer } from "../fixtures/registry.ts";
 import type { BundleStep } from "../../bundles/types.ts";
+import { requireRoot } from "../fixtures/root.ts";
+
+await requireRoot("NodeUsers and chown");
 
 const HASH = "$6$clisalt$R6bM3wQ0o0cliHashNotForOutputR6bM3wQ0o0cliHashNotForOutputR6bM3wQ0o0cliHash";
 
