@@ -37,7 +37,13 @@ export interface StepPlan {
 }
 
 function contextFor(step: BundleStep, base: BaseContext, secrets: string[]): StepContext {
-  return { ...base, stepName: step.name, logFile: stepLogPath(step.name), secrets };
+  return {
+    ...base,
+    log: base.log.child({ step: step.name }),
+    stepName: step.name,
+    logFile: stepLogPath(step.name),
+    secrets,
+  };
 }
 
 const bind = (step: BundleStep): Promise<BoundStep> => bindStep(step.kind, step.spec);
@@ -162,7 +168,7 @@ export async function applySteps(
       return { ok: false, steps: results, failed: { name: step.name, error: "the run was stopped before this step" } };
     }
     const ctx = contextFor(step, base, secrets);
-    const log = base.log.child({ step: step.name });
+    const log = ctx.log;
     const started = Date.now();
     await host.writeFile(ctx.logFile, `# ${new Date().toISOString()} ${step.name} (${step.kind})\n`, { mode: 0o640 });
     let lastError = "";
