@@ -13,6 +13,8 @@ const COMMANDS: Record<string, () => Promise<{ default: Command }>> = {
   status: () => import("./commands/status.ts"),
   facts: () => import("./commands/facts.ts"),
   "packages-proxy": () => import("../cluster/packages-proxy/command.ts"),
+  package: () => import("./commands/package.ts"),
+  "internal-disruption": () => import("./commands/internal-disruption.ts"),
   version: () => import("./commands/version.ts"),
   "internal-connections": () => import("./commands/connections.ts"),
   server: () => import("../cluster/command.ts"),

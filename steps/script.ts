@@ -67,7 +67,8 @@ export function scriptEnv(host: Host, ctx: StepContext): Record<string, string> 
     BASHIBLE_STATE_DIR: host.path(STATE_DIR),
     BASHIBLE_STEP: ctx.stepName,
     BASHIBLE_FIRST_RUN: String(ctx.firstRun),
-    BASHIBLE_AGENT: ctx.agentArgv.map((a) => `'${a.replace(/'/g, "'\\''")}'`).join(" "),
+    BASHIBLE_AGENT: host.path(PATHS.agentWrapper),
+    BASHIBLE_BUNDLE_FILE: host.path(PATHS.runBundle),
     KUBERNETES_VERSION: ctx.bundle.context.kubernetesVersion,
   };
 }
@@ -98,6 +99,12 @@ const script: Step<"Script", ScriptChange> = {
     await host.mkdir(STEP_FILES, { mode: 0o700 });
     await host.mkdir(PATHS.tmpDir, { mode: 0o1777 });
     await host.writeFile(file, spec.script, { mode: 0o700 });
+    // The agent as the helpers call it (bb-package-install, disruption approval), on this root.
+    const wrapper = `#!/bin/sh\n# Written by bashible: the agent, for the helpers scripts call.\nexec ${ctx.agentArgv.map(quote).join(" ")} "$@" --root ${quote(host.root)}\n`;
+    if ((await host.readText(PATHS.agentWrapper)) !== wrapper) {
+      await host.mkdir(`${STATE_DIR}/bin`, { mode: 0o700 });
+      await host.writeFile(PATHS.agentWrapper, wrapper, { mode: 0o700 });
+    }
     const helpers = (await host.exists(HELPERS)) ? `source ${quote(host.path(HELPERS))}; ` : "";
     const argv = [
       "bash",

@@ -51,7 +51,7 @@ export interface NodeUserObject {
 export interface PackageDigest {
   /** sha256:<hex> of the package's layer blob. */
   digest: string;
-  /** Repository the proxy pulls from; defaults to `<registry.address>/<registry.path>/packages`. */
+  /** Repository the proxy pulls from; defaults to `<registry.path>/packages`. */
   repository?: string;
 }
 

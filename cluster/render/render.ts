@@ -15,7 +15,7 @@ import type {
 } from "./inputs.ts";
 import { renderTemplate, renderText } from "./templates.ts";
 import { nextEpochChangeMs, updateEpoch } from "./update-epoch.ts";
-import { CLEANUP_PATHS, NODE_USERS } from "../../bundles/paths.ts";
+import { CLEANUP_PATHS, defaultPackageRepository, NODE_USERS } from "../../bundles/paths.ts";
 import { checkConfiguration, checkContext, checkGroupName, checkNodeUser, checkScriptSize } from "./validate.ts";
 
 /** GECOS of users the NodeUsers step creates; cleanup removes only those. */
@@ -50,7 +50,7 @@ function packageRefs(ctx: ClusterContext): RegistryPackageRef[] {
     .sort()
     .map((name) => {
       const p = ctx.packages[name]!;
-      const repository = p.repository ?? (ctx.registry ? `${ctx.registry.address}/${ctx.registry.path}/packages` : "");
+      const repository = p.repository ?? defaultPackageRepository(ctx.registry) ?? "";
       if (!repository) {
         throw new RenderError("context", `packages.${name} has no repository and the context has no registry`);
       }

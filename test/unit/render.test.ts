@@ -37,9 +37,9 @@ t.test("the example renders the built-in steps and the NGC in name order", async
   t.equal(r.bundle.metadata.annotations?.["bashible.deckhouse.io/configuration-checksum"], r.checksum);
   const pk = r.bundle.steps[3]!;
   t.same(pk.kind === "RegistryPackages" && pk.spec.packages.map((p) => `${p.name}@${p.repository}`), [
-    "bashible@registry.example.com/deckhouse/ce/packages",
-    "containerd@registry.example.com/deckhouse/ce/packages",
-    "kubelet@registry.example.com/deckhouse/ce/packages",
+    "bashible@deckhouse/ce/packages",
+    "containerd@deckhouse/ce/packages",
+    "kubelet@deckhouse/ce/packages",
   ]);
 });
 
