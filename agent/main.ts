@@ -12,6 +12,7 @@ const COMMANDS: Record<string, () => Promise<{ default: Command }>> = {
   plan: () => import("./commands/plan.ts"),
   status: () => import("./commands/status.ts"),
   facts: () => import("./commands/facts.ts"),
+  "early-oom": () => import("./commands/early-oom.ts"),
   "packages-proxy": () => import("../cluster/packages-proxy/command.ts"),
   package: () => import("./commands/package.ts"),
   "internal-disruption": () => import("./commands/internal-disruption.ts"),
