@@ -124,6 +124,8 @@ ${CONVERGE_HELP}`,
       for (const sig of ["SIGTERM", "SIGINT"] as const) {
         process.once(sig, () => {
           log.info({ signal: sig }, "stopping");
+          // First, so the pod watch ends before the daemon closes the clients under it.
+          void jobs.stop();
           daemon.stop();
         });
       }
