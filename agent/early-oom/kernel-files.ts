@@ -98,6 +98,17 @@ export interface Reclaim {
   refault: number;
 }
 
+/** The number on the `key value` line, without splitting the whole text. */
+function keyed(text: string, key: string): number | undefined {
+  const nl = text.indexOf(`\n${key} `);
+  const at = text.startsWith(`${key} `) ? 0 : nl < 0 ? -1 : nl + 1;
+  if (at < 0) return undefined;
+  const start = at + key.length + 1;
+  const end = text.indexOf("\n", start);
+  const n = Number(text.slice(start, end < 0 ? undefined : end));
+  return Number.isFinite(n) ? n : undefined;
+}
+
 const wantedVmstat = (k: string) =>
   k.startsWith("pgscan") || k.startsWith("pgsteal") || k.startsWith("workingset_refault");
 
@@ -107,6 +118,17 @@ const wantedVmstat = (k: string) =>
  * reclaim out, so they are used only on older kernels (which also split them per zone).
  */
 export function parseVmstat(text: string): Reclaim {
+  // The common case (5.9+: typed counters), found directly: a sample should cost little.
+  const anon = keyed(text, "pgscan_anon");
+  const file = keyed(text, "pgscan_file");
+  const rfa = keyed(text, "workingset_refault_anon");
+  const rff = keyed(text, "workingset_refault_file");
+  if (anon !== undefined && file !== undefined && rfa !== undefined && rff !== undefined)
+    return {
+      pgscan: anon + file,
+      pgsteal: (keyed(text, "pgsteal_anon") ?? 0) + (keyed(text, "pgsteal_file") ?? 0),
+      refault: rfa + rff,
+    };
   const v = parseFlatKeyed(text, wantedVmstat);
   const sum = (pred: (k: string) => boolean) => {
     let s = 0;

@@ -42,15 +42,23 @@ export class Sampler {
   private readonly vmstatFile: string;
   private history: Sample[] = [];
   private readonly keepMs: number;
+  private readonly detailEveryMs: number;
+  private lastDetail = Number.NEGATIVE_INFINITY;
 
-  constructor(procRoot: string, keepMs: number) {
+  /**
+   * keepMs: how much history to keep. detailEveryMs: while the full stall counter stands still
+   * the trigger cannot fire, so /proc/meminfo and /proc/vmstat (most of a sample's cost) are read
+   * only this often, enough for a reclaim baseline when a stall begins.
+   */
+  constructor(procRoot: string, keepMs: number, detailEveryMs = 1000) {
     this.psiFile = path.join(procRoot, "pressure/memory");
     this.meminfoFile = path.join(procRoot, "meminfo");
     this.vmstatFile = path.join(procRoot, "vmstat");
     this.keepMs = keepMs;
+    this.detailEveryMs = detailEveryMs;
   }
 
-  /** Reads the files once. MemAvailable and vmstat are optional: their absence only weakens the second signal. */
+  /** Reads the files. MemAvailable and vmstat are optional: their absence only weakens the second signal. */
   read(t: number): Sample {
     let text: string;
     try {
@@ -65,6 +73,10 @@ export class Sampler {
     let memAvailable: number | undefined;
     let memTotal: number | undefined;
     let reclaim: Reclaim | undefined;
+    const prev = this.history.at(-1);
+    if (prev && prev.psi.full.total === psi.full.total && t - this.lastDetail < this.detailEveryMs)
+      return { t, psi, memAvailable, memTotal, reclaim };
+    this.lastDetail = t;
     try {
       const m = parseMeminfo(readSmallFile(this.meminfoFile), ["MemTotal", "MemAvailable"]);
       memAvailable = m.MemAvailable;
@@ -128,21 +140,26 @@ export class Sampler {
     if (!a || b.t <= a.t) return undefined;
     const spanMs = b.t - a.t;
     const share = (x: number, y: number) => Math.min(1, Math.max(0, (y - x) / (spanMs * 1000)));
-    const perSecond = (x: number, y: number) => (Math.max(0, y - x) * 1000) / spanMs;
-    const r =
-      a.reclaim && b.reclaim
-        ? {
-            reclaim: perSecond(a.reclaim.pgscan + a.reclaim.refault, b.reclaim.pgscan + b.reclaim.refault),
-            refault: perSecond(a.reclaim.refault, b.reclaim.refault),
-          }
-        : undefined;
+    // Reclaim counters are not in every sample: the nearest ones inside [a, b] with them.
+    const inside = this.history.filter((s) => s.t >= a.t && s.t <= b.t && s.reclaim);
+    const ra = inside[0];
+    const rb = inside.at(-1);
+    let r: { reclaim: number; refault: number } | undefined;
+    if (ra?.reclaim && rb?.reclaim && rb.t > ra.t) {
+      const perSecond = (x: number, y: number) => (Math.max(0, y - x) * 1000) / (rb.t - ra.t);
+      r = {
+        reclaim: perSecond(ra.reclaim.pgscan + ra.reclaim.refault, rb.reclaim.pgscan + rb.reclaim.refault),
+        refault: perSecond(ra.reclaim.refault, rb.reclaim.refault),
+      };
+    }
+    const mem = this.history.findLast((s) => s.t <= b.t && s.memTotal !== undefined);
     return {
       spanMs,
       some: share(a.psi.some.total, b.psi.some.total),
       full: share(a.psi.full.total, b.psi.full.total),
       fullAvg10: b.psi.full.avg10 / 100,
-      memAvailable: b.memAvailable,
-      memTotal: b.memTotal,
+      memAvailable: mem?.memAvailable,
+      memTotal: mem?.memTotal,
       reclaimPerSecond: r?.reclaim,
       refaultPerSecond: r?.refault,
     };
