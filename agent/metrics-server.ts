@@ -2,11 +2,16 @@
 // of the agent (converge, fencing, early OOM) registers its series in, plus small JSON status
 // documents (`bashible early-oom status` reads /early-oom). Loopback by default: the figures
 // name pods and namespaces, and nothing here needs to be reachable from off the node.
-import { createServer, type Server } from "node:http";
+import type { Server } from "node:http";
 import type { Logger } from "../lib/log/log.ts";
 import { CONTENT_TYPE, type Registry } from "../lib/prometheus.ts";
 
 export const DEFAULT_METRICS_ADDRESS = "127.0.0.1:9650";
+
+// Not `import ... from "node:http"`: an ES module namespace of node:http evaluates its lazy
+// getters, and http.WebSocket/CloseEvent/MessageEvent load undici, +8 MB RSS in the resident
+// process (measured: 56.3 vs 47.9 MB for a lite-mode process with one server listening).
+const { createServer } = process.getBuiltinModule("node:http");
 
 export class MetricsAddressError extends Error {
   override name = "MetricsAddressError";

@@ -8,7 +8,7 @@ export function bytes(n: number): string {
     v /= 1024;
     i++;
   }
-  return `${i === 0 ? v : v.toFixed(v >= 100 ? 0 : 1)} ${units[i]}`;
+  return `${i === 0 ? v : Number(v.toFixed(v >= 100 ? 0 : 1))} ${units[i]}`;
 }
 
 /** A 0..1 share as a percentage. */

@@ -28,8 +28,12 @@ export interface Candidate {
 
 export interface RankedCandidate extends Candidate {
   rank: number;
-  /** The pod's figures, and what put it ahead of the next one. */
+  /** The pod's figures, its tier, and what put it ahead of the next one (for logs and Events). */
   reason: string;
+  /** What put it ahead of the next one ("" for the last). */
+  why: string;
+  /** Why its tier: protected, or no Pod object. */
+  note: string | undefined;
 }
 
 export interface Excluded {
@@ -76,7 +80,16 @@ function compare(a: Candidate, b: Candidate): number {
   );
 }
 
-function facts(c: Candidate, protectedPriority: number): string {
+function note(c: Candidate, protectedPriority: number): string | undefined {
+  if (c.tier === "protected")
+    return c.qos === "Guaranteed"
+      ? "protected (Guaranteed): only when nothing else is left"
+      : `protected (priority ≥ ${protectedPriority}): only when nothing else is left`;
+  if (c.tier === "unmatched") return "no Pod object: after every matched pod";
+  return undefined;
+}
+
+function facts(c: Candidate): string {
   const req = c.pod ? bytes(c.request) : "unknown";
   const rel = c.exceeds ? ">" : "≤";
   const prio = c.pod ? String(c.priority) : "unknown";
@@ -87,26 +100,19 @@ function facts(c: Candidate, protectedPriority: number): string {
     `${c.qos}`,
     above > 0 ? `${bytes(above)} above request` : `${bytes(-above)} under request`,
   ];
-  if (c.tier === "protected")
-    parts.push(
-      c.qos === "Guaranteed"
-        ? "protected (Guaranteed): only when nothing else is left"
-        : `protected (priority ≥ ${protectedPriority}): only when nothing else is left`,
-    );
-  if (c.tier === "unmatched") parts.push("no Pod object: after every matched pod");
   return parts.join(", ");
 }
 
 function ahead(a: Candidate, b: Candidate | undefined): string {
   if (!b) return "";
   if (a.tier !== b.tier) {
-    if (b.tier === "protected") return "; ahead of the protected pods";
-    return "; matched pods go before pods without a Pod object";
+    if (b.tier === "protected") return "the next is protected";
+    return "the next has no Pod object";
   }
-  if (a.exceeds !== b.exceeds) return "; exceeds its request, the next does not";
-  if (a.priority !== b.priority) return `; lower priority than the next (${a.priority} < ${b.priority})`;
-  if (a.usage - a.request !== b.usage - b.request) return "; more memory above its request than the next";
-  return "; tie on the kubelet's keys, larger working set";
+  if (a.exceeds !== b.exceeds) return "exceeds its request, the next does not";
+  if (a.priority !== b.priority) return `lower priority than the next (${a.priority} < ${b.priority})`;
+  if (a.usage - a.request !== b.usage - b.request) return "more memory above its request than the next";
+  return "tie on the kubelet's keys; larger working set";
 }
 
 export function rankCandidates(cgroups: PodCgroup[], pods: Map<string, PodFacts>, cfg: Cfg): Ranking {
@@ -135,10 +141,16 @@ export function rankCandidates(cgroups: PodCgroup[], pods: Map<string, PodFacts>
     });
   }
   candidates.sort(compare);
-  const ranked = candidates.map((c, i) => ({
-    ...c,
-    rank: i + 1,
-    reason: facts(c, cfg.protectedPriority) + ahead(c, candidates[i + 1]),
-  }));
+  const ranked = candidates.map((c, i) => {
+    const why = ahead(c, candidates[i + 1]);
+    const n = note(c, cfg.protectedPriority);
+    return {
+      ...c,
+      rank: i + 1,
+      why,
+      note: n,
+      reason: [facts(c), n].filter(Boolean).join(", ") + (why ? `; ${why}` : ""),
+    };
+  });
   return { ranked, excluded };
 }

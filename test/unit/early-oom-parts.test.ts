@@ -169,8 +169,8 @@ t.test("each rank says what put the pod ahead of the next", async (t) => {
     "more memory above its request than the next",
     "lower priority than the next (0 < 10)",
     "exceeds its request, the next does not",
-    "matched pods go before pods without a Pod object",
-    "ahead of the protected pods",
+    "the next has no Pod object",
+    "the next is protected",
     "",
   ]);
   t.match(r.ranked[0]?.reason, /^working set 500 MiB > request 100 MiB, priority 0, Burstable, 400 MiB above request/);
