@@ -215,8 +215,8 @@ if (!values["skip-idle"]) {
       `127.0.0.1:${port++}`,
     ],
   };
-  const cpu: Record<string, number[]> = {};
-  const rss: Record<string, number[]> = {};
+  const cpu: Record<string, number[]> = Object.fromEntries(Object.keys(variants).map((k) => [k, []]));
+  const rss: Record<string, number[]> = Object.fromEntries(Object.keys(variants).map((k) => [k, []]));
   const WARMUP = 10;
   for (let r = 0; r < ROUNDS; r++) {
     const procs: [string, ChildProcess][] = Object.entries(variants).map(([name, args]) => [
@@ -230,8 +230,8 @@ if (!values["skip-idle"]) {
     const c1 = await Promise.all(procs.map(([, p]) => cpuNs(p.pid as number)));
     const wallNs = (performance.now() - t0) * 1e6;
     for (const [i, [name, p]] of procs.entries()) {
-      (cpu[name] ??= []).push((((c1[i] ?? 0) - (c0[i] ?? 0)) / wallNs) * 100);
-      (rss[name] ??= []).push(await rssKb(p.pid as number));
+      cpu[name]?.push((((c1[i] ?? 0) - (c0[i] ?? 0)) / wallNs) * 100);
+      rss[name]?.push(await rssKb(p.pid as number));
       p.kill("SIGKILL");
     }
   }
