@@ -102,33 +102,32 @@ ${CONVERGE_HELP}`,
     let clients: KubeClient[] = [];
     if (!opts.bundle || opts.kubeconfig) clients = await connectViaChild(childArgs);
     const node = await nodeName(host, opts.nodeName);
-    // Early OOM and the metrics endpoint; they follow the daemon's clients when it reconnects.
+    const daemon = new Daemon({
+      root,
+      log,
+      childArgs,
+      tickMs: tick * 1000,
+      nodeName: node,
+      nodeGroup: opts.nodeGroup,
+      bundleFile: opts.bundle ? await resolveBundleFile(opts.bundle, opts.nodeGroup) : undefined,
+      clients,
+      reconnect: clients.length
+        ? async () => {
+            clients = await connectViaChild(childArgs); // early OOM's pod watch follows the new clients
+            return clients;
+          }
+        : undefined,
+    });
+    // Early OOM and the metrics endpoint (--early-oom, --metrics-address).
     const jobs = await startResidentJobs({ values, root, log, nodeName: node, kube: () => clients[0] });
-    try {
-      const daemon = new Daemon({
-        root,
-        log,
-        childArgs,
-        tickMs: tick * 1000,
-        nodeName: node,
-        nodeGroup: opts.nodeGroup,
-        bundleFile: opts.bundle ? await resolveBundleFile(opts.bundle, opts.nodeGroup) : undefined,
-        clients,
-        reconnect: clients.length
-          ? async () => {
-              clients = await connectViaChild(childArgs);
-              return clients;
-            }
-          : undefined,
+    for (const sig of ["SIGTERM", "SIGINT"] as const) {
+      process.once(sig, () => {
+        log.info({ signal: sig }, "stopping");
+        void jobs.stop(); // first, so the pod watch ends before the daemon closes the clients under it
+        daemon.stop();
       });
-      for (const sig of ["SIGTERM", "SIGINT"] as const) {
-        process.once(sig, () => {
-          log.info({ signal: sig }, "stopping");
-          // First, so the pod watch ends before the daemon closes the clients under it.
-          void jobs.stop();
-          daemon.stop();
-        });
-      }
+    }
+    try {
       await daemon.start();
       await daemon.done;
     } finally {

@@ -201,7 +201,7 @@ t.test("the agent watches this node's pods with the node's identity and ranks th
   t.match(text.stdout, /candidates, in the order early OOM would kill them:/);
   t.match(
     text.stdout,
-    /1\s+default\/web\s+Burstable\s+1\.2 GiB\s+500 MiB\s+0\s+working set 1\.2 GiB > request 500 MiB/,
+    /1\s+default\/web\s+Burstable\s+1\.2 GiB\s+500 MiB\s+0\s+exceeds request; more memory above its request than the next/,
   );
 });
 
@@ -229,7 +229,7 @@ t.test("sustained pressure: the kubelet's first pick is killed whole, with an Ev
   // Shares follow real time here (the file writer and the agent's samples tick apart): matched loosely.
   t.match(
     ev.message,
-    /^Early OOM killed the pod's processes: memory full stall [56]\d% \(some [78]\d%\) over the last 1\.\d s, held 3\.\d s; MemAvailable 200 MiB of 8\.0 GiB; reclaim \d+ pages\/s\. Trigger: .*Victim ranked 1 of 6: working set 1\.2 GiB > request 500 MiB.* 5 process\(es\) killed \(freeze\+SIGKILL\) in \d+ ms\.$/,
+    /^Early OOM killed the pod's processes: memory full stall [56]\d% \(some [78]\d%\) over the last 1\.\d s, held 3\.\d s; MemAvailable 200 MiB of 8 GiB; reclaim \d+ pages\/s\. Trigger: .*Victim ranked 1 of 6: working set 1\.2 GiB > request 500 MiB.* 5 process\(es\) killed \(freeze\+SIGKILL\) in \d+ ms\.$/,
   );
 
   const metrics = await (await fetch(`${agentUrl}/metrics`)).text();

@@ -6,11 +6,9 @@ import { killPod } from "../../agent/early-oom/kill.ts";
 import { detectLayout, findPodCgroups } from "../../agent/early-oom/cgroups.ts";
 import { hasV1MemoryAndFreezer, RealCgroups, v2Mount } from "../fixtures/early-oom.ts";
 import { waitFor } from "../fixtures/cli.ts";
+import { requireRoot } from "../fixtures/root.ts";
 
-if (process.getuid?.() !== 0) {
-  t.comment("early-oom-kill: needs root (creates cgroups); skipped");
-  process.exit(0);
-}
+await requireRoot("creates cgroups and kills their tasks");
 
 // Each task forks a short-lived child and an orphan (reparented away from the test) in a loop.
 const FORKER = "while :; do (sleep 1000 &); sleep 0.02 & wait $!; done";

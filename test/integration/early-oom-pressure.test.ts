@@ -19,17 +19,18 @@ import { EarlyOom } from "../../agent/early-oom/early-oom.ts";
 import { StaticPods } from "../../agent/early-oom/pods.ts";
 import { captureLogger, hasV1MemoryAndFreezer, podObject, RealCgroups } from "../fixtures/early-oom.ts";
 import { waitFor } from "../fixtures/cli.ts";
+import { requireRoot } from "../fixtures/root.ts";
 
-const skip =
-  process.getuid?.() !== 0
-    ? "needs root (creates memory cgroups)"
-    : !existsSync("/proc/pressure/memory")
-      ? "this kernel has no PSI (/proc/pressure/memory)"
-      : !hasV1MemoryAndFreezer()
-        ? "needs the cgroup v1 memory and freezer controllers (this test builds v1 pods)"
-        : undefined;
+await requireRoot("creates memory cgroups and drops a file's page cache");
+const skip = !existsSync("/proc/pressure/memory")
+  ? "this kernel has no PSI (/proc/pressure/memory)"
+  : !hasV1MemoryAndFreezer()
+    ? "needs the cgroup v1 memory and freezer controllers (this test builds v1 pods)"
+    : undefined;
 if (skip) {
-  t.comment(`early-oom-pressure: ${skip}; skipped`);
+  t.plan(0, `skipped: ${skip}`);
+  t.end();
+  await new Promise((r) => setImmediate(r));
   process.exit(0);
 }
 
