@@ -57,22 +57,26 @@ const say = (line: string) => {
   console.log(line);
 };
 
-// Each victim task holds 64 MiB of its own memory, so its exit has real work to do.
-const HOLDER = `exec python3 -c 'b = bytearray(64 << 20)
+// Each victim task holds 64 MiB of its own memory, so its exit has real work to do. The real
+// interpreter, not a version-manager shim that forks helpers first.
+const PYTHON = spawnSync("python3", ["-c", "import sys; print(sys.executable)"], { encoding: "utf8" }).stdout.trim();
+const HOLDER = `exec ${PYTHON} -c 'b = bytearray(64 << 20)
 for i in range(0, len(b), 4096): b[i] = 1
 import time; time.sleep(100000)'`;
+
+/** Until every holder has touched its 64 MiB. */
+async function holding(procs: ChildProcess[]): Promise<void> {
+  for (let i = 0; i < 1000; i++) {
+    const rss = await Promise.all(procs.map((p) => rssKb(p.pid as number).catch(() => 0)));
+    if (rss.every((kb) => kb >= 64 * 1024)) return;
+    await new Promise((r) => setTimeout(r, 10));
+  }
+  throw new Error("memory holders did not allocate");
+}
 
 function podRel(qos: "besteffort" | "burstable", uid: string): string {
   const u = uid.replaceAll("-", "_");
   return `kubepods.slice/kubepods-${qos}.slice/kubepods-${qos}-pod${u}.slice`;
-}
-
-async function waitTasks(cg: RealCgroups, rel: string, n: number): Promise<void> {
-  for (let i = 0; i < 500; i++) {
-    if (cg.pids(rel).length >= n) return;
-    await new Promise((r) => setTimeout(r, 10));
-  }
-  throw new Error(`${rel}: tasks did not start`);
 }
 
 async function killLatencyV1(): Promise<number[]> {
@@ -91,14 +95,15 @@ async function killLatencyV1(): Promise<number[]> {
         const rel = podRel(p.qos === "BestEffort" ? "besteffort" : "burstable", p.uid);
         rels.set(p.name, rel);
         cg.mkdir(`${rel}/cri-containerd-sandbox.scope`);
-        cg.start(`${rel}/cri-containerd-sandbox.scope`, "exec sleep 100000");
+        const started = [cg.start(`${rel}/cri-containerd-sandbox.scope`, "exec sleep 100000")];
         for (const c of ["a", "b"]) {
           cg.mkdir(`${rel}/cri-containerd-${c}.scope`);
           for (let k = 0; k < 2; k++)
-            cg.start(`${rel}/cri-containerd-${c}.scope`, p === victim ? HOLDER : "exec sleep 100000");
+            started.push(cg.start(`${rel}/cri-containerd-${c}.scope`, p === victim ? HOLDER : "exec sleep 100000"));
         }
+        await cg.joined(rel, started);
+        if (p === victim) await holding(started.slice(1));
       }
-      for (const rel of rels.values()) await waitTasks(cg, rel, 5);
       const eo = new EarlyOom({
         procRoot: node.procRoot,
         cgroupRoot: cg.cgroupRoot,
@@ -141,12 +146,13 @@ async function killLatencyV2(): Promise<number[]> {
     try {
       const rel = podRel("besteffort", randomUUID());
       cg.mkdir(`${rel}/cri-containerd-sandbox.scope`);
-      cg.start(`${rel}/cri-containerd-sandbox.scope`, "exec sleep 100000");
+      const started = [cg.start(`${rel}/cri-containerd-sandbox.scope`, "exec sleep 100000")];
       for (const c of ["a", "b"]) {
         cg.mkdir(`${rel}/cri-containerd-${c}.scope`);
-        for (let k = 0; k < 2; k++) cg.start(`${rel}/cri-containerd-${c}.scope`, HOLDER);
+        for (let k = 0; k < 2; k++) started.push(cg.start(`${rel}/cri-containerd-${c}.scope`, HOLDER));
       }
-      await waitTasks(cg, rel, 5);
+      await cg.joined(rel, started);
+      await holding(started.slice(1));
       const r = await killPod({ version: 2, memoryDir: cg.dirs(rel)[0] as string }, 5000);
       if (r.remaining) throw new Error("tasks left");
       out.push(r.durationMs);

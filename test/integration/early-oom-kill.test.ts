@@ -36,10 +36,12 @@ for (const version of [1, 2] as const) {
       const victim = podRel(randomUUID());
       const other = podRel(randomUUID());
       for (const pod of [victim, other]) {
+        const started = [];
         for (const c of ["cri-containerd-sandbox.scope", "cri-containerd-app.scope", "cri-containerd-sidecar.scope"]) {
           cg.mkdir(`${pod}/${c}`);
-          cg.start(`${pod}/${c}`, c.includes("sandbox") ? "exec sleep 1000" : FORKER);
+          started.push(cg.start(`${pod}/${c}`, c.includes("sandbox") ? "exec sleep 1000" : FORKER));
         }
+        await cg.joined(pod, started);
       }
       // Orphans pile up: the tree is busy forking when the kill comes.
       await waitFor("orphans in both pods", () => cg.pids(victim).length >= 12 && cg.pids(other).length >= 12);
