@@ -141,6 +141,7 @@ export function rankCandidates(cgroups: PodCgroup[], pods: Map<string, PodFacts>
     });
   }
   candidates.sort(compare);
+  excluded.sort((a, b) => podLabel(a).localeCompare(podLabel(b)));
   const ranked = candidates.map((c, i) => {
     const why = ahead(c, candidates[i + 1]);
     const n = note(c, cfg.protectedPriority);

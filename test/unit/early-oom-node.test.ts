@@ -210,8 +210,8 @@ t.test("excluded namespaces and labels are never killed", async (t) => {
   t.same(
     r.excluded.map((e) => [e.pod?.name, e.reason]),
     [
-      ["a", "namespace payments is excluded"],
       ["b", "label example.com/keep=yes is excluded"],
+      ["a", "namespace payments is excluded"],
     ],
   );
   await node.run(3500, THRASH);
