@@ -5,7 +5,7 @@
 // ranking from the live agent and from a saved `kubectl get pods -o json`. The node's /proc and
 // /sys/fs/cgroup are a tree in the kernel's formats; the pods' tasks are real processes.
 import t from "tap";
-import { mkdtemp, writeFile } from "node:fs/promises";
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { withControlPlane } from "../fixtures/control-plane.ts";
@@ -78,8 +78,10 @@ const elsewhere = await createPod({ name: "elsewhere", qos: "BestEffort", workin
 const stray = node.addPod({ name: "elsewhere", qos: "BestEffort", workingSetMi: 5000, uid: elsewhere.metadata.uid });
 
 const work = await mkdtemp(path.join(os.tmpdir(), "early-oom-daemon-"));
+t.teardown(() => rm(work, { recursive: true, force: true }));
 const id = await cp.mintNode(NODE);
 const root = await sandbox(undefined, NODE);
+t.teardown(() => rm(root, { recursive: true, force: true }));
 const bundle = await writeBundle(work, makeBundle([script("050_x", "true")]));
 const port = await freePort();
 const agentUrl = `http://127.0.0.1:${port}`;
