@@ -31,7 +31,11 @@ t.test("the example renders the built-in steps and the NGC in name order", async
     ],
   );
   const script = r.bundle.steps[4]!;
-  t.match(script.kind === "Script" && script.spec.script, /tuning sysctls for node group worker/, "Go template rendered");
+  t.match(
+    script.kind === "Script" && script.spec.script,
+    /tuning sysctls for node group worker/,
+    "Go template rendered",
+  );
   t.equal(r.checksum, bundleChecksum(r.bundle));
   t.match(r.checksum, /^[0-9a-f]{64}$/);
   t.equal(r.bundle.metadata.annotations?.["bashible.deckhouse.io/configuration-checksum"], r.checksum);
@@ -169,7 +173,8 @@ t.test("one group's bad input does not stop the others", async (t) => {
 
 t.test("NGC scripts cannot reach the packages proxy token", async (t) => {
   const i = inputs();
-  i.configurations[0]!.spec.content = "echo {{ .packagesProxy.addresses }}{{ if .packagesProxy.token }} leaked{{ end }}";
+  i.configurations[0]!.spec.content =
+    "echo {{ .packagesProxy.addresses }}{{ if .packagesProxy.token }} leaked{{ end }}";
   const s = render(i).bundle.steps.find((x) => x.kind === "Script")!;
   t.equal(s.kind === "Script" && s.spec.script, "echo [127.0.0.1:4219]");
 });
