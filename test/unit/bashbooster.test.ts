@@ -299,6 +299,7 @@ t.test("bb-pkg dispatches to the node's package manager", async (t) => {
 
 t.test("bb-set-proxy / bb-unset-proxy export and clear the cluster's proxy", async (t) => {
   const sb = await withSandbox(t);
+  // biome-ignore lint/suspicious/noTemplateCurlyInString: bash parameter expansions
   const show = 'echo "${HTTP_PROXY:-}|${https_proxy:-}|${NO_PROXY:-}"\n';
   const r = await sb.step(`bb-set-proxy\n${show}bb-unset-proxy\n${show}`, {
     BASHIBLE_HTTP_PROXY: "http://proxy:3128",
