@@ -1,0 +1,363 @@
+// The library's package helpers. apt: the real apt-get and dpkg, in a chroot of a cached
+// debootstrapped Debian root (an overlay, so the cache stays untouched) with a local repository
+// holding a package built here. dnf, yum, zypper and ALT's apt-get + rpm cannot run here: their
+// helpers are checked for the commands they run, through recorders first on PATH. Registry
+// packages and the disruption approval go through the agent (BASHIBLE_AGENT): checked against
+// a stand-in that records its arguments and answers as the contract says.
+import t from "tap";
+import { execFile } from "node:child_process";
+import { chmod, copyFile, mkdir, mkdtemp, readdir, readFile, rm, symlink, writeFile } from "node:fs/promises";
+import { existsSync } from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { promisify } from "node:util";
+import { LIBRARY, sandbox, type Sandbox } from "../lib/bashbooster.ts";
+
+const run = promisify(execFile);
+
+async function withSandbox(t: { teardown(fn: () => unknown): void }, osRelease?: string): Promise<Sandbox> {
+  const sb = await sandbox(osRelease);
+  t.teardown(() => sb.cleanup());
+  return sb;
+}
+
+// ---- apt, for real ------------------------------------------------------------------------
+
+const CACHE = process.env.BASHIBLE_TEST_CACHE ?? "/var/cache/bashible-test";
+async function cachedDebianRoot(): Promise<string | undefined> {
+  const dir = path.join(CACHE, "debian-roots");
+  const names = await readdir(dir).catch(() => [] as string[]);
+  const root = names.find((n) => /-minbase-[0-9a-f]+$/.test(n)) ?? names.find((n) => /^bookworm-[^.]+$/.test(n));
+  return root && existsSync(path.join(dir, root, "usr/bin/apt-get")) ? path.join(dir, root) : undefined;
+}
+
+const isRoot = process.getuid?.() === 0;
+const debianRoot = isRoot ? await cachedDebianRoot() : undefined;
+const aptSkip = !isRoot
+  ? "needs root (chroot and overlay mount)"
+  : !debianRoot
+    ? `needs a cached debootstrapped Debian root under ${CACHE}/debian-roots (built by the nspawn node tooling)`
+    : false;
+
+t.test("bb-apt-install / bb-apt-remove with the real apt-get and dpkg", { skip: aptSkip }, async (t) => {
+  const tmp = await mkdtemp(path.join(os.tmpdir(), "bb-apt-"));
+  const [upper, work, root] = ["upper", "work", "root"].map((d) => path.join(tmp, d)) as [string, string, string];
+  for (const d of [upper, work, root]) await mkdir(d);
+  await run("mount", [
+    "-t",
+    "overlay",
+    "overlay",
+    "-o",
+    `lowerdir=${debianRoot},upperdir=${upper},workdir=${work}`,
+    root,
+  ]);
+  t.teardown(async () => {
+    await run("umount", [root]).catch(() => {});
+    await rm(tmp, { recursive: true, force: true });
+  });
+  // A package built here, in a local repository the root's apt reads (no network).
+  const pkg = path.join(tmp, "pkg");
+  await mkdir(path.join(pkg, "DEBIAN"), { recursive: true });
+  await mkdir(path.join(pkg, "usr/share/bb-test-hello"), { recursive: true });
+  await writeFile(
+    path.join(pkg, "DEBIAN/control"),
+    "Package: bb-test-hello\nVersion: 1.2-1\nArchitecture: all\nMaintainer: test <test@example.com>\nDescription: test package\n",
+  );
+  await writeFile(path.join(pkg, "usr/share/bb-test-hello/hello"), "hello\n");
+  const repo = path.join(root, "srv/repo");
+  await mkdir(repo, { recursive: true });
+  await run("dpkg-deb", ["--build", pkg, path.join(repo, "bb-test-hello_1.2-1_all.deb")]);
+  const { stdout: index } = await run("dpkg-scanpackages", ["."], { cwd: repo });
+  await writeFile(path.join(repo, "Packages"), index);
+  await writeFile(path.join(root, "etc/apt/sources.list"), "deb [trusted=yes] file:/srv/repo ./\n");
+  await rm(path.join(root, "etc/apt/sources.list.d"), { recursive: true, force: true });
+  await mkdir(path.join(root, "etc/apt/sources.list.d"));
+  await mkdir(path.join(root, "opt/bb"), { recursive: true });
+  await mkdir(path.join(root, "var/lib/bashible"), { recursive: true });
+  await copyFile(LIBRARY, path.join(root, "opt/bb/bashbooster.sh"));
+
+  let n = 0;
+  const step = async (script: string) => {
+    const file = `/opt/bb/step-${++n}.sh`;
+    await writeFile(path.join(root, file), script);
+    return run(
+      "chroot",
+      [
+        root,
+        "bash",
+        "--noprofile",
+        "--norc",
+        "-eEo",
+        "pipefail",
+        "-c",
+        `cd /var/lib/bashible; source /opt/bb/bashbooster.sh; source ${file}`,
+      ],
+      { env: { PATH: "/usr/sbin:/usr/bin:/sbin:/bin", LANG: "C" } },
+    ).then(
+      (r) => ({ code: 0, ...r }),
+      (e) => ({ code: e.code as number, stdout: e.stdout as string, stderr: e.stderr as string }),
+    );
+  };
+  const events =
+    'bb-event-on bb-package-installed on_installed\non_installed() { echo "installed:$1"; }\n' +
+    'bb-event-on bb-package-removed on_removed\non_removed() { echo "removed:$1"; }\n';
+  const installed = async () =>
+    // biome-ignore lint/suspicious/noTemplateCurlyInString: a dpkg-query format
+    (await step("dpkg-query -W -f='${Status}' bb-test-hello 2>/dev/null || true\n")).stdout.endsWith(" installed");
+
+  t.notOk(await installed());
+  const first = await step(`${events}bb-apt-install bb-test-hello\n`);
+  t.equal(first.code, 0, first.stderr);
+  t.equal(first.stdout.trim().split("\n").pop(), "installed:bb-test-hello");
+  t.match(first.stderr, /Updating apt cache/);
+  t.ok(await installed(), "installed by apt-get");
+  t.equal((await step("apt-mark showhold\n")).stdout, "bb-test-hello\n", "held, as Deckhouse holds what it installs");
+  t.ok(existsSync(path.join(root, "var/lib/bashible/.bb-workspace/flag/apt-updated")), "flag apt-updated");
+
+  const again = await step(`${events}bb-apt-install bb-test-hello\n`);
+  t.notMatch(again.stderr, /Updating apt cache|Installing/, "nothing to do");
+  t.equal(
+    again.stdout,
+    "installed:bb-test-hello\n",
+    "the event repeats until the converge ends (its handlers may not have run)",
+  );
+  await step("bb-run-finished\n");
+  t.equal((await step(`${events}bb-apt-install bb-test-hello\n`)).stdout, "", "after the converge: no event");
+
+  t.equal(
+    (
+      await step(
+        "bb-apt-package? bb-test-hello=1.* && echo yes; bb-apt-package? 'bb-test-hello=2.*' || echo no; bb-apt-package? bb-test-hello=1.2-1 && echo exact\n",
+      )
+    ).stdout,
+    "yes\nno\nexact\n",
+    "version patterns",
+  );
+
+  const missing = await step("bb-apt-install no-such-package-here\necho never\n");
+  t.not(missing.code, 0);
+  t.notMatch(missing.stdout, /never/);
+  t.match(missing.stderr, /Failed to install packages 'no-such-package-here'/);
+
+  const removed = await step(`${events}bb-apt-remove bb-test-hello not-installed-either\n`);
+  t.equal(removed.code, 0, removed.stderr);
+  t.match(removed.stdout, /^removed:bb-test-hello\n$/m);
+  t.notOk(await installed(), "removed by apt-get, although held");
+});
+
+// ---- dnf, yum, zypper, ALT's apt-get: the commands they would run ----------------------------
+
+/** A bin directory of recorders: each logs its argv (and the proxy in effect) and keeps "installed" state. */
+async function recorders(sb: Sandbox, names: string[]): Promise<{ bin: string; log: () => Promise<string[]> }> {
+  const bin = path.join(sb.dir, "bin");
+  const stateDir = path.join(sb.dir, "pkgstate");
+  await mkdir(bin);
+  await mkdir(stateDir);
+  const logFile = path.join(sb.dir, "commands.log");
+  const recorder = path.join(bin, "recorder");
+  await writeFile(
+    recorder,
+    `#!/bin/bash
+name=$(basename "$0")
+echo "$name $*\${HTTP_PROXY:+ [proxy $HTTP_PROXY]}" >> "${logFile}"
+state="${stateDir}"
+args=("$@")
+case "$name $1 $2" in
+  "rpm -q "*) [ -e "$state/\${args[-1]}" ]; exit ;;
+  "dnf list installed"|"yum -C list") [ -e "$state/\${args[-1]}" ]; exit ;;
+esac
+case "$*" in
+  *install*) for a in "$@"; do case "$a" in -*|install|--*) ;; *) touch "$state/$a" ;; esac; done ;;
+  *remove*) for a in "$@"; do case "$a" in -*|remove) ;; *) rm -f "$state/$a" ;; esac; done ;;
+esac
+exit 0
+`,
+  );
+  await chmod(recorder, 0o755);
+  for (const n of names) await symlink(recorder, path.join(bin, n));
+  return {
+    bin,
+    log: async () =>
+      (await readFile(logFile, "utf8").catch(() => ""))
+        .split("\n")
+        .filter((l) => l && !/^(rpm -q|dnf list installed|yum -C list installed)/.test(l)),
+  };
+}
+
+const PKG_EVENTS =
+  'bb-event-on bb-package-installed on_installed\non_installed() { echo "installed:$1"; }\n' +
+  'bb-event-on bb-package-removed on_removed\non_removed() { echo "removed:$1"; }\n';
+
+t.test("bb-dnf-install / bb-dnf-remove run dnf as Deckhouse does, through the proxy", async (t) => {
+  const sb = await withSandbox(t, "ID=rocky\n");
+  const rec = await recorders(sb, ["dnf", "yum"]);
+  const env = { PATH: `${rec.bin}:${process.env.PATH}`, BASHIBLE_HTTP_PROXY: "http://proxy:3128" };
+  const r = await sb.step(`${PKG_EVENTS}bb-dnf-install kernel-tools wget\n`, env);
+  t.equal(r.code, 0, r.stderr);
+  t.same(await rec.log(), [
+    "dnf clean all [proxy http://proxy:3128]",
+    "dnf makecache [proxy http://proxy:3128]",
+    "dnf install -y kernel-tools wget [proxy http://proxy:3128]",
+  ]);
+  t.equal(r.stdout, "installed:wget\n", "one event per call, with the last package named (Deckhouse's behaviour)");
+  t.equal(
+    // biome-ignore lint/suspicious/noTemplateCurlyInString: bash parameter expansions
+    (await sb.step('echo "${HTTP_PROXY:-none}"; bb-dnf-install wget; echo "${HTTP_PROXY:-none}"\n', env)).stdout,
+    "none\nnone\n",
+    "the proxy is not left behind",
+  );
+
+  await sb.step("bb-run-finished\n", env);
+  const extra = await sb.step(`${PKG_EVENTS}bb-dnf-install curl\n`, {
+    ...env,
+    BB_DNF_INSTALL_EXTRA_ARGS: "--nogpgcheck",
+  });
+  t.equal(extra.stdout, "installed:curl\n");
+  t.same(
+    (await rec.log()).slice(-3),
+    [
+      "dnf clean all [proxy http://proxy:3128]",
+      "dnf makecache [proxy http://proxy:3128]",
+      "dnf install --nogpgcheck -y curl [proxy http://proxy:3128]",
+    ],
+    "the package index is refreshed again in a new converge",
+  );
+
+  const removed = await sb.step(`${PKG_EVENTS}bb-dnf-remove wget absent\n`, env);
+  t.equal(removed.stdout, "removed:wget\n");
+  t.equal((await rec.log()).at(-1), "dnf remove -y wget [proxy http://proxy:3128]");
+  t.equal((await sb.step("bb-pkg-mgr; bb-pkg install jq\n", env)).stdout, "dnf\n", "bb-pkg dispatches to dnf");
+  t.equal((await rec.log()).at(-1), "dnf install -y jq [proxy http://proxy:3128]");
+});
+
+t.test("bb-dnf-install falls back to yum where there is no dnf; bb-yum-* run yum", async (t) => {
+  const sb = await withSandbox(t, "ID=centos\n");
+  const rec = await recorders(sb, ["yum"]);
+  const env = { PATH: `${rec.bin}:/usr/bin:/bin` };
+  const r = await sb.step(`${PKG_EVENTS}bb-dnf-install nfs-utils\nbb-yum-remove nfs-utils\n`, env);
+  t.equal(r.code, 0, r.stderr);
+  t.match(r.stderr, /bb-dnf-install downgraded to yum/);
+  t.same(await rec.log(), ["yum clean all", "yum makecache", "yum install -y nfs-utils", "yum remove -y nfs-utils"]);
+  t.equal(r.stdout, "installed:nfs-utils\n", "yum's remove fires no event, as in Deckhouse");
+  t.equal((await sb.step("bb-yum-or-apt-install tar\n", env)).code, 0);
+  t.equal((await rec.log()).at(-1), "yum install -y tar");
+});
+
+t.test("bb-zypper-* and ALT Linux's bb-apt-rpm-* run their tools", async (t) => {
+  const suse = await withSandbox(t, "ID=opensuse-leap\n");
+  const z = await recorders(suse, ["zypper", "rpm"]);
+  const zr = await suse.step(`${PKG_EVENTS}bb-pkg install open-iscsi\nbb-zypper-remove open-iscsi\n`, {
+    PATH: `${z.bin}:${process.env.PATH}`,
+  });
+  t.equal(zr.code, 0, zr.stderr);
+  t.same(await z.log(), [
+    "zypper clean",
+    "zypper refresh",
+    "zypper install -y open-iscsi",
+    "zypper remove -y open-iscsi",
+  ]);
+  t.equal(zr.stdout, "installed:open-iscsi\n");
+
+  const alt = await withSandbox(t, "ID=altlinux\n");
+  const a = await recorders(alt, ["apt-get", "rpm"]);
+  const ar = await alt.step(
+    `${PKG_EVENTS}bb-pkg-mgr\nbb-apt-rpm-install jq\nbb-apt-rpm-install jq\nbb-apt-rpm-install --force jq\nbb-apt-rpm-remove jq\n`,
+    {
+      PATH: `${a.bin}:${process.env.PATH}`,
+    },
+  );
+  t.equal(ar.code, 0, ar.stderr);
+  t.same(await a.log(), ["apt-get update", "apt-get install -y jq", "apt-get install -y jq", "apt-get remove -y jq"]);
+  t.equal(ar.stdout, "apt-rpm\ninstalled:jq\ninstalled:jq\ninstalled:jq\nremoved:jq\n");
+});
+
+// ---- registry packages and disruption approval, through the agent ------------------------------
+
+/** Stands in for the agent: records argv; answers per the contract (result lines, exit code). */
+async function agent(sb: Sandbox, behaviour: string): Promise<{ path: string; calls: () => Promise<string[]> }> {
+  const file = path.join(sb.dir, "agent");
+  const calls = path.join(sb.dir, "agent.calls");
+  await writeFile(file, `#!/bin/bash\necho "$*" >> "${calls}"\n${behaviour}\n`);
+  await chmod(file, 0o755);
+  return {
+    path: file,
+    calls: async () => (await readFile(calls, "utf8").catch(() => "")).split("\n").filter(Boolean),
+  };
+}
+
+const D1 = `sha256:${"a".repeat(64)}`;
+const D2 = `sha256:${"b".repeat(64)}`;
+
+t.test("bb-package-install asks the agent and fires bb-package-installed for what it installed", async (t) => {
+  const sb = await withSandbox(t);
+  const a = await agent(
+    sb,
+    `result="$4"
+echo "installed jq" >> "$result"; echo "skipped crictl" >> "$result"
+exit \${AGENT_EXIT:-0}`,
+  );
+  const env = { BASHIBLE_AGENT: a.path };
+  const r = await sb.step(`${PKG_EVENTS}bb-package-install jq:${D1} crictl:${D2}\necho after\n`, env);
+  t.equal(r.code, 0, r.stderr);
+  t.equal(r.stdout, "installed:jq\nafter\n", "skipped packages fire nothing");
+  const [call] = await a.calls();
+  t.match(
+    call,
+    new RegExp(`^package install --result ${sb.state}/\\.bb-workspace/tmp_\\w+/\\d+ jq:${D1} crictl:${D2}$`),
+  );
+
+  const failed = await sb.step(`${PKG_EVENTS}bb-package-install jq:${D1}\necho never\n`, { ...env, AGENT_EXIT: "3" });
+  t.equal(failed.code, 3, "the agent's failure fails the step");
+  t.equal(failed.stdout, "installed:jq\n", "events for what did get installed still fire");
+
+  t.equal((await sb.step("bb-package-install\necho none\n", env)).stdout, "none\n");
+  const bad = await sb.step("bb-package-install jq:latest\n", env);
+  t.equal(bad.code, 1);
+  t.match(bad.stderr, /'jq:latest' is not NAME:sha256:<64 hex>/);
+  const noAgent = await sb.step(`bb-package-install jq:${D1}\n`);
+  t.equal(noAgent.code, 1);
+  t.match(noAgent.stderr, /bb-package-install needs the bashible agent/);
+  t.equal((await a.calls()).length, 2, "no call for bad input");
+  t.equal((await sb.step(`bb-package-fetch jq:${D1}\necho fetched\n`, env)).stdout, "fetched\n", "fetch only checks");
+});
+
+t.test("bb-package-remove asks the agent and fires bb-package-removed", async (t) => {
+  const sb = await withSandbox(t);
+  const a = await agent(sb, 'echo "removed jq" >> "$4"');
+  const r = await sb.step(`${PKG_EVENTS}bb-package-remove jq\n`, { BASHIBLE_AGENT: a.path });
+  t.equal(r.stdout, "removed:jq\n");
+  t.match((await a.calls())[0], /^package remove --result \S+ jq$/);
+});
+
+t.test(
+  "bb-deckhouse-get-disruptive-update-approval: first run and a set flag skip it; the agent decides otherwise",
+  async (t) => {
+    const sb = await withSandbox(t);
+    // biome-ignore lint/suspicious/noTemplateCurlyInString: a bash parameter expansion
+    const a = await agent(sb, "exit ${AGENT_EXIT:-0}");
+    const script = "bb-deckhouse-get-disruptive-update-approval\necho continues\nbb-flag? disruption && echo flagged\n";
+    const first = await sb.step(script, { BASHIBLE_AGENT: a.path, FIRST_BASHIBLE_RUN: "yes" });
+    t.equal(first.stdout, "continues\n", "first run: approved without asking, no flag");
+    t.same(await a.calls(), []);
+
+    const approved = await sb.step(script, { BASHIBLE_AGENT: a.path, FIRST_BASHIBLE_RUN: "no" });
+    t.equal(approved.code, 0);
+    t.equal(approved.stdout, "continues\nflagged\n");
+    t.same(await a.calls(), ["internal-disruption"]);
+    t.ok(existsSync(path.join(sb.flags, "disruption")), "the disruption flag is where the agent reads flags");
+
+    await sb.step(script, { BASHIBLE_AGENT: a.path });
+    t.equal((await a.calls()).length, 1, "with the flag set the agent is not asked again");
+    await sb.step("bb-flag-unset disruption\n");
+
+    const rolling = await sb.step(script, { BASHIBLE_AGENT: a.path, AGENT_EXIT: "10" });
+    t.equal(rolling.code, 0, "RollingUpdate: the step ends successfully");
+    t.equal(rolling.stdout, "", "nothing after the call runs");
+    t.notOk(existsSync(path.join(sb.flags, "disruption")));
+
+    const refused = await sb.step(script, { BASHIBLE_AGENT: a.path, AGENT_EXIT: "1" });
+    t.equal(refused.code, 1);
+    t.equal(refused.stdout, "");
+    t.match(refused.stderr, /disruption approval failed \(agent exit code 1\)/);
+  },
+);
