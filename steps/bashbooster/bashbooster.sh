@@ -409,8 +409,11 @@ _bb_sync_dir() {
         bb-event-delay "$@"
         bb-event-fire bb-sync-dir-created "$dst"
     fi
-    local names=()
-    mapfile -d '' -t names < <(find "$src" -mindepth 1 -maxdepth 1 -printf '%f\0' | sort -z)
+    # Listed through a file, not <(…): that needs /proc (for /dev/fd), which a chroot may lack.
+    local names=() list
+    list="$(bb-tmp-file)"
+    find "$src" -mindepth 1 -maxdepth 1 -printf '%f\0' | sort -z >"$list"
+    mapfile -d '' -t names <"$list"
     for name in "${names[@]}"; do
         if [[ -d "$src/$name" && ! -L "$src/$name" ]]; then
             _bb_sync_dir "$two_way" "$dst/$name" "$src/$name" "$@"
@@ -419,7 +422,8 @@ _bb_sync_dir() {
         fi
     done
     if $two_way; then
-        mapfile -d '' -t names < <(find "$dst" -mindepth 1 -maxdepth 1 -printf '%f\0' | sort -z)
+        find "$dst" -mindepth 1 -maxdepth 1 -printf '%f\0' | sort -z >"$list"
+        mapfile -d '' -t names <"$list"
         for name in "${names[@]}"; do
             [[ -e "$src/$name" || -L "$src/$name" ]] && continue
             local event=bb-sync-file-removed

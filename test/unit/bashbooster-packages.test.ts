@@ -5,15 +5,11 @@
 // packages and the disruption approval go through the agent (BASHIBLE_AGENT): checked against
 // a stand-in that records its arguments and answers as the contract says.
 import t from "tap";
-import { execFile } from "node:child_process";
-import { chmod, copyFile, mkdir, mkdtemp, readdir, readFile, rm, symlink, writeFile } from "node:fs/promises";
+import { chmod, mkdir, readFile, symlink, writeFile } from "node:fs/promises";
 import { existsSync } from "node:fs";
-import os from "node:os";
 import path from "node:path";
-import { promisify } from "node:util";
-import { LIBRARY, sandbox, type Sandbox } from "../lib/bashbooster.ts";
-
-const run = promisify(execFile);
+import { sandbox, type Sandbox } from "../lib/bashbooster.ts";
+import { cachedDebianRoot, chrootRoot } from "../lib/chroot-root.ts";
 
 async function withSandbox(t: { teardown(fn: () => unknown): void }, osRelease?: string): Promise<Sandbox> {
   const sb = await sandbox(osRelease);
@@ -23,81 +19,18 @@ async function withSandbox(t: { teardown(fn: () => unknown): void }, osRelease?:
 
 // ---- apt, for real ------------------------------------------------------------------------
 
-const CACHE = process.env.BASHIBLE_TEST_CACHE ?? "/var/cache/bashible-test";
-async function cachedDebianRoot(): Promise<string | undefined> {
-  const dir = path.join(CACHE, "debian-roots");
-  const names = await readdir(dir).catch(() => [] as string[]);
-  const root = names.find((n) => /-minbase-[0-9a-f]+$/.test(n)) ?? names.find((n) => /^bookworm-[^.]+$/.test(n));
-  return root && existsSync(path.join(dir, root, "usr/bin/apt-get")) ? path.join(dir, root) : undefined;
-}
-
 const isRoot = process.getuid?.() === 0;
 const debianRoot = isRoot ? await cachedDebianRoot() : undefined;
 const aptSkip = !isRoot
   ? "needs root (chroot and overlay mount)"
   : !debianRoot
-    ? `needs a cached debootstrapped Debian root under ${CACHE}/debian-roots (built by the nspawn node tooling)`
+    ? "needs a cached debootstrapped Debian root under $BASHIBLE_TEST_CACHE/debian-roots (made by the nspawn node tooling)"
     : false;
 
 t.test("bb-apt-install / bb-apt-remove with the real apt-get and dpkg", { skip: aptSkip }, async (t) => {
-  const tmp = await mkdtemp(path.join(os.tmpdir(), "bb-apt-"));
-  const [upper, work, root] = ["upper", "work", "root"].map((d) => path.join(tmp, d)) as [string, string, string];
-  for (const d of [upper, work, root]) await mkdir(d);
-  await run("mount", [
-    "-t",
-    "overlay",
-    "overlay",
-    "-o",
-    `lowerdir=${debianRoot},upperdir=${upper},workdir=${work}`,
-    root,
-  ]);
-  t.teardown(async () => {
-    await run("umount", [root]).catch(() => {});
-    await rm(tmp, { recursive: true, force: true });
-  });
-  // A package built here, in a local repository the root's apt reads (no network).
-  const pkg = path.join(tmp, "pkg");
-  await mkdir(path.join(pkg, "DEBIAN"), { recursive: true });
-  await mkdir(path.join(pkg, "usr/share/bb-test-hello"), { recursive: true });
-  await writeFile(
-    path.join(pkg, "DEBIAN/control"),
-    "Package: bb-test-hello\nVersion: 1.2-1\nArchitecture: all\nMaintainer: test <test@example.com>\nDescription: test package\n",
-  );
-  await writeFile(path.join(pkg, "usr/share/bb-test-hello/hello"), "hello\n");
-  const repo = path.join(root, "srv/repo");
-  await mkdir(repo, { recursive: true });
-  await run("dpkg-deb", ["--build", pkg, path.join(repo, "bb-test-hello_1.2-1_all.deb")]);
-  const { stdout: index } = await run("dpkg-scanpackages", ["."], { cwd: repo });
-  await writeFile(path.join(repo, "Packages"), index);
-  await writeFile(path.join(root, "etc/apt/sources.list"), "deb [trusted=yes] file:/srv/repo ./\n");
-  await rm(path.join(root, "etc/apt/sources.list.d"), { recursive: true, force: true });
-  await mkdir(path.join(root, "etc/apt/sources.list.d"));
-  await mkdir(path.join(root, "opt/bb"), { recursive: true });
-  await mkdir(path.join(root, "var/lib/bashible"), { recursive: true });
-  await copyFile(LIBRARY, path.join(root, "opt/bb/bashbooster.sh"));
-
-  let n = 0;
-  const step = async (script: string) => {
-    const file = `/opt/bb/step-${++n}.sh`;
-    await writeFile(path.join(root, file), script);
-    return run(
-      "chroot",
-      [
-        root,
-        "bash",
-        "--noprofile",
-        "--norc",
-        "-eEo",
-        "pipefail",
-        "-c",
-        `cd /var/lib/bashible; source /opt/bb/bashbooster.sh; source ${file}`,
-      ],
-      { env: { PATH: "/usr/sbin:/usr/bin:/sbin:/bin", LANG: "C" } },
-    ).then(
-      (r) => ({ code: 0, ...r }),
-      (e) => ({ code: e.code as number, stdout: e.stdout as string, stderr: e.stderr as string }),
-    );
-  };
+  const node = await chrootRoot(debianRoot!);
+  t.teardown(() => node.cleanup());
+  const step = (script: string) => node.script(script);
   const events =
     'bb-event-on bb-package-installed on_installed\non_installed() { echo "installed:$1"; }\n' +
     'bb-event-on bb-package-removed on_removed\non_removed() { echo "removed:$1"; }\n';
@@ -112,7 +45,7 @@ t.test("bb-apt-install / bb-apt-remove with the real apt-get and dpkg", { skip: 
   t.match(first.stderr, /Updating apt cache/);
   t.ok(await installed(), "installed by apt-get");
   t.equal((await step("apt-mark showhold\n")).stdout, "bb-test-hello\n", "held, as Deckhouse holds what it installs");
-  t.ok(existsSync(path.join(root, "var/lib/bashible/.bb-workspace/flag/apt-updated")), "flag apt-updated");
+  t.ok(existsSync(path.join(node.root, "var/lib/bashible/.bb-workspace/flag/apt-updated")), "flag apt-updated");
 
   const again = await step(`${events}bb-apt-install bb-test-hello\n`);
   t.notMatch(again.stderr, /Updating apt cache|Installing/, "nothing to do");
