@@ -471,6 +471,26 @@ _bb_detect_os() {
     esac
 }
 
+# One field of os-release, read in a subshell (the step's variables stay as they were).
+_bb_os_field() {
+    local file="${BB_OS_RELEASE:-${BASHIBLE_ROOT:-}/etc/os-release}"
+    file="${file//\/\//\/}"
+    [[ -r "$file" ]] || return 0
+    (
+        unset ID VERSION_ID
+        # shellcheck disable=SC1090
+        . "$file" >/dev/null 2>&1
+        printf '%s\n' "${!1:-}"
+    )
+}
+
+# bb-is-<os>-version? VERSION: VERSION_ID equals VERSION (Deckhouse compares only VERSION_ID for
+# these three); bb-is-astra-version? REGEX: an Astra node whose VERSION_ID matches REGEX.
+_bb_is_ubuntu_version_p() { [[ "$(_bb_os_field VERSION_ID)" == "$1" ]]; }
+_bb_is_centos_version_p() { [[ "$(_bb_os_field VERSION_ID)" == "$1" ]]; }
+_bb_is_debian_version_p() { [[ "$(_bb_os_field VERSION_ID)" == "$1" ]]; }
+_bb_is_astra_version_p() { [[ "$(_bb_os_field ID)" == astra && "$(_bb_os_field VERSION_ID)" =~ $1 ]]; }
+
 bb-is-bundle() {
     _bb_detect_os
     echo "$BB_DETECTED_BUNDLE"
@@ -1071,6 +1091,10 @@ bb-dnf-package?() { _bb_dnf_package_p "$@"; }
 bb-dnf-repo?() { _bb_dnf_repo_p "$@"; }
 bb-exe?() { _bb_exe_p "$@"; }
 bb-flag?() { _bb_flag_p "$@"; }
+bb-is-astra-version?() { _bb_is_astra_version_p "$@"; }
+bb-is-centos-version?() { _bb_is_centos_version_p "$@"; }
+bb-is-debian-version?() { _bb_is_debian_version_p "$@"; }
+bb-is-ubuntu-version?() { _bb_is_ubuntu_version_p "$@"; }
 bb-yum?() { _bb_yum_p "$@"; }
 bb-yum-package?() { _bb_yum_package_p "$@"; }
 bb-yum-repo?() { _bb_yum_repo_p "$@"; }

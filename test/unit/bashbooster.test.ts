@@ -281,6 +281,16 @@ t.test("bb-is-bundle / bb-is-family / bb-pkg-mgr agree with bundles/os-families.
   t.equal((await sb.step("bb-is-bundle\n")).stdout, "ubuntu-lts\n", "Ubuntu is ubuntu-lts, not debian");
 });
 
+t.test("bb-is-<os>-version? compare VERSION_ID (Astra's takes a pattern)", async (t) => {
+  const sb = await withSandbox(t, 'ID=ubuntu\nVERSION_ID="22.04"\n');
+  const probe =
+    // biome-ignore lint/suspicious/noTemplateCurlyInString: a bash parameter expansion
+    "for v in 22.04 24.04; do bb-is-ubuntu-version? $v && echo ubuntu-$v; done; bb-is-debian-version? 22.04 && echo same-field; bb-is-astra-version? '^1\\.7' || echo not-astra; echo ${VERSION_ID:-untouched}\n";
+  t.equal((await sb.step(probe)).stdout, "ubuntu-22.04\nsame-field\nnot-astra\nuntouched\n");
+  await writeFile(path.join(sb.dir, "os-release"), 'ID=astra\nVERSION_ID="1.7_x86-64"\n');
+  t.equal((await sb.step("bb-is-astra-version? '^1\\.7' && echo astra-1.7\n")).stdout, "astra-1.7\n");
+});
+
 t.test("the generated bundle header works: a script for other bundles exits 0 early", async (t) => {
   const sb = await withSandbox(t, "ID=rocky\n");
   const header = (bundles: string) => `case $(bb-is-bundle) in\n  ${bundles}) ;;\n  *) exit 0 ;;\nesac\necho ran\n`;
