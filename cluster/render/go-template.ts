@@ -51,8 +51,12 @@ interface Tok {
 type Item = { k: "text"; s: string } | { k: "action"; toks: Tok[]; line: number; src: string };
 
 const isSpace = (c: string | undefined) => c === " " || c === "\t" || c === "\r" || c === "\n";
-const isIdentStart = (c: string | undefined) => c !== undefined && /[\p{L}_]/u.test(c);
-const isIdentChar = (c: string | undefined) => c !== undefined && /[\p{L}\p{N}_]/u.test(c);
+// ASCII first: these run for every character of every action.
+const isIdentStart = (c: string | undefined) =>
+  c !== undefined &&
+  ((c >= "a" && c <= "z") || (c >= "A" && c <= "Z") || c === "_" || (c > "\x7f" && /\p{L}/u.test(c)));
+const isIdentChar = (c: string | undefined) =>
+  c !== undefined && (isIdentStart(c) || (c >= "0" && c <= "9") || (c > "\x7f" && /\p{N}/u.test(c)));
 const KEYWORDS = new Set(["if", "else", "end", "range", "with", "define", "template", "block", "break", "continue"]);
 
 function shown(src: string): string {
@@ -273,6 +277,7 @@ interface Pipe {
 
 interface Where {
   line: number;
+  /** The action as written (shortened only when an error shows it). */
   src: string;
 }
 
@@ -319,7 +324,7 @@ class Parser {
       const first = item.toks[0];
       if (!first) this.refuse(item, "empty action");
       const kw = first.type === "ident" && KEYWORDS.has(first.text) ? first.text : "";
-      const at = { line: item.line, src: shown(item.src) };
+      const at = { line: item.line, src: item.src };
       switch (kw) {
         case "else":
         case "end":
@@ -371,7 +376,7 @@ class Parser {
       if (!pipe.cmds.length) this.refuse(head, `missing value for {{${kw}}}`);
       this.declareVars(pipe);
       const { nodes, stop } = this.list();
-      branches.push({ pipe, body: nodes, at: { line: head.line, src: shown(head.src) } });
+      branches.push({ pipe, body: nodes, at: { line: head.line, src: head.src } });
       const end = this.expectEnd(stop, item, kw);
       this.vars.length = mark;
       if (end.toks[0]!.text === "end") {
@@ -395,7 +400,7 @@ class Parser {
       head = end;
       headToks = end.toks.slice(2);
     }
-    return { t: kw, branches, ...(otherwise ? { otherwise } : {}), line: item.line, src: shown(item.src) };
+    return { t: kw, branches, ...(otherwise ? { otherwise } : {}), line: item.line, src: item.src };
   }
 
   private range(item: ActionItem): Node {
@@ -425,7 +430,7 @@ class Parser {
       body: nodes,
       ...(otherwise ? { otherwise } : {}),
       line: item.line,
-      src: shown(item.src),
+      src: item.src,
     };
   }
 
@@ -581,7 +586,7 @@ class Exec {
   }
 
   private fail(at: Where, reason: string): never {
-    throw new TemplateError(at.line, at.src, reason);
+    throw new TemplateError(at.line, shown(at.src), reason);
   }
 
   run(nodes: Node[], dot: Value): void {
@@ -751,9 +756,27 @@ export function parseGoTemplate(text: string): Node[] {
   return new Parser(new Lexer(text).items()).parse();
 }
 
+// The same content renders for every group it selects and again on every pass: parse it once.
+// Trees are never changed by execution, so sharing them is safe.
+const parsed = new Map<string, Node[]>();
+const PARSED_MAX = 1000;
+
+function cachedParse(text: string): Node[] {
+  let tree = parsed.get(text);
+  if (tree) {
+    parsed.delete(text);
+    parsed.set(text, tree);
+    return tree;
+  }
+  tree = parseGoTemplate(text);
+  parsed.set(text, tree);
+  if (parsed.size > PARSED_MAX) parsed.delete(parsed.keys().next().value as string);
+  return tree;
+}
+
 /** Renders `text` against `data` with Go text/template semantics; throws TemplateError. */
 export function renderGoTemplate(text: string, data: Value): string {
-  const tree = parseGoTemplate(text);
+  const tree = cachedParse(text);
   const exec = new Exec(data);
   exec.run(tree, data);
   return exec.result();
