@@ -16,8 +16,9 @@
 #   BB_OS_RELEASE        os-release file to read instead
 #   BB_LOG_LEVEL         DEBUG, INFO (default), WARNING, ERROR, or 1..4
 #   BASHIBLE_STEP        the step's name: the log prefix outside bb-* functions
-#   BASHIBLE_AGENT       the agent binary: bb-package-install/-remove and the disruption
-#                        approval call it (`package install|remove`, `internal-disruption`)
+#   BASHIBLE_AGENT       the agent's command (a path, or its argv as shell-quoted words):
+#                        bb-package-install/-remove and the disruption approval call it
+#                        (`package install|remove`, `internal-disruption`)
 #   BASHIBLE_HTTP_PROXY, BASHIBLE_HTTPS_PROXY, BASHIBLE_NO_PROXY   what bb-set-proxy exports
 #   FIRST_BASHIBLE_RUN   yes on the node's first run (no disruption approval then)
 #   D8_NODE_HOSTNAME     the node's name
@@ -940,9 +941,17 @@ bb-yum-or-apt-install() {
 # line per package to --result: "installed NAME", "skipped NAME" or "removed NAME", which fire
 # bb-package-installed / bb-package-removed here, as Deckhouse's rpp-get result does.
 
+# BASHIBLE_AGENT is the agent's command: an executable's path, or its argv as shell-quoted words
+# ('/usr/bin/node' '/opt/bashible/main.ts'). Sets BB_AGENT_ARGV.
 _bb_agent() {
-    if [[ -z "${BASHIBLE_AGENT:-}" || ! -x "$BASHIBLE_AGENT" ]]; then
-        bb-log-error "${FUNCNAME[1]} needs the bashible agent (BASHIBLE_AGENT='${BASHIBLE_AGENT:-}' is not executable)"
+    BB_AGENT_ARGV=()
+    if [[ -n "${BASHIBLE_AGENT:-}" && -x "$BASHIBLE_AGENT" ]]; then
+        BB_AGENT_ARGV=("$BASHIBLE_AGENT")
+    elif [[ -n "${BASHIBLE_AGENT:-}" ]]; then
+        eval "BB_AGENT_ARGV=($BASHIBLE_AGENT)" 2>/dev/null || BB_AGENT_ARGV=()
+    fi
+    if ((${#BB_AGENT_ARGV[@]} == 0)) || ! type -P -- "${BB_AGENT_ARGV[0]}" >/dev/null; then
+        bb-log-error "${FUNCNAME[1]} needs the bashible agent (BASHIBLE_AGENT='${BASHIBLE_AGENT:-}' is not a command)"
         return 1
     fi
 }
@@ -970,7 +979,7 @@ bb-package-install() {
     _bb_agent || return 1
     local result rc=0
     result="$(bb-tmp-file)"
-    "$BASHIBLE_AGENT" package install --result "$result" "$@" || rc=$?
+    "${BB_AGENT_ARGV[@]}" package install --result "$result" "$@" || rc=$?
     _bb_rp_fire_events "$result"
     return "$rc"
 }
@@ -988,7 +997,7 @@ bb-package-remove() {
     _bb_agent || return 1
     local result rc=0
     result="$(bb-tmp-file)"
-    "$BASHIBLE_AGENT" package remove --result "$result" "$@" || rc=$?
+    "${BB_AGENT_ARGV[@]}" package remove --result "$result" "$@" || rc=$?
     _bb_rp_fire_events "$result"
     return "$rc"
 }
@@ -1050,7 +1059,7 @@ bb-deckhouse-get-disruptive-update-approval() {
     _bb_agent || exit 1
     bb-log-info "Disruption required, asking for approval"
     local rc=0
-    "$BASHIBLE_AGENT" internal-disruption || rc=$?
+    "${BB_AGENT_ARGV[@]}" internal-disruption || rc=$?
     case "$rc" in
         0)
             bb-log-info "Disruption approved!"

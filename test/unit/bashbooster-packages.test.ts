@@ -251,6 +251,9 @@ exit \${AGENT_EXIT:-0}`,
   t.equal(noAgent.code, 1);
   t.match(noAgent.stderr, /bb-package-install needs the bashible agent/);
   t.equal((await a.calls()).length, 2, "no call for bad input");
+  const argv = await sb.step(`${PKG_EVENTS}bb-package-install jq:${D1}\n`, { BASHIBLE_AGENT: `'bash' '${a.path}'` });
+  t.equal(argv.stdout, "installed:jq\n", "BASHIBLE_AGENT may be the agent's argv, shell-quoted, as the agent sets it");
+  t.equal((await a.calls()).length, 3);
   t.equal((await sb.step(`bb-package-fetch jq:${D1}\necho fetched\n`, env)).stdout, "fetched\n", "fetch only checks");
 });
 

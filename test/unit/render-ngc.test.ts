@@ -188,11 +188,11 @@ t.test("any weight orders the step as Deckhouse names it (%03d_<name>)", async (
   const steps = renderGroup(i.nodeGroups[0]!, i, NOW).bundle.steps.map((s) => s.name);
   t.same(steps, [
     "-05_early.sh",
-    "000_node_users",
-    "003_ca_certificates",
-    "004_deckhouse_path",
+    "000_add_node_users",
+    "003_install_ca_certificates",
+    "004_add_deckhouse_paths",
     "005_five.sh",
-    "007_registry_packages",
+    "007_fetch_registry_packages",
     "1000_late.sh",
     "100_default.sh",
   ]);
