@@ -2,7 +2,7 @@
 // by the bundle server's renderer and run unchanged, as the agent runs steps (in weight order,
 // bash -eEo pipefail with the helper library sourced, the script sourced from a file, spec.bundles
 // honoured), as root in a chroot of a debootstrapped Debian root. Each script's effect is checked,
-// and a second converge changes nothing. Needs root and a cached Debian root with ca-certificates.
+// and a second converge changes nothing. Needs root (and debootstrap, the first time).
 import t from "tap";
 import { createHash } from "node:crypto";
 import { lstat, mkdir, readdir, readFile, readlink, writeFile } from "node:fs/promises";
@@ -14,19 +14,15 @@ import { renderGroup } from "../../cluster/render/render.ts";
 import type { RenderInputs } from "../../cluster/render/inputs.ts";
 import type { ScriptSpec } from "../../bundles/types.ts";
 import { bundlesSelect } from "../../bundles/os-families.ts";
-import { cachedDebianRoot, chrootRoot, type ChrootRoot } from "../lib/chroot-root.ts";
+import { chrootRoot, type ChrootRoot } from "../lib/chroot-root.ts";
+import { debianRoot } from "../lib/debian-root.ts";
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const CORPUS = path.resolve(HERE, "../fixtures/ngc-corpus");
 const EXAMPLE = path.resolve(HERE, "../../examples/cluster");
 
 const isRoot = process.getuid?.() === 0;
-const lower = isRoot ? await cachedDebianRoot(["ca-certificates"]) : undefined;
-const skip = !isRoot
-  ? "needs root (chroot and overlay mount)"
-  : !lower
-    ? "needs a cached debootstrapped Debian root with ca-certificates under $BASHIBLE_TEST_CACHE/debian-roots (made by the nspawn node tooling)"
-    : false;
+const skip = isRoot ? false : "needs root (debootstrap, chroot, overlay mount)";
 
 const corpus = (await loadConfigDir(CORPUS)).snapshot.inputs.configurations;
 const example = (await loadConfigDir(EXAMPLE)).snapshot.inputs as RenderInputs;
@@ -69,7 +65,8 @@ async function snapshot(dir: string, skipRel: RegExp): Promise<Map<string, strin
 }
 
 t.test("Deckhouse-style NGC scripts run unchanged on a Debian node, and converge", { skip }, async (t) => {
-  const node: ChrootRoot = await chrootRoot(lower!);
+  // A node's root (NODE_PACKAGES: ca-certificates among them), built once and cached.
+  const node: ChrootRoot = await chrootRoot((await debianRoot()).dir);
   t.teardown(() => node.cleanup());
   const inputs: RenderInputs = { ...structuredClone(example), configurations: corpus };
   inputs.context.proxy = { httpProxy: "http://proxy.example.com:3128", noProxy: ["127.0.0.1", ".cluster.local"] };

@@ -1,32 +1,16 @@
 // A throwaway Debian root for running steps as root would on a node: an overlay over a cached
-// debootstrapped root (read-only by convention; writes go to a temporary upper directory), with
+// debootstrapped root (test/lib/debian-root.ts; read-only by convention, writes go to a
+// temporary upper directory), with
 // the helper library at /opt/bb/bashbooster.sh and a local apt repository holding a test package
 // (so apt-get works without the network). Needs root.
 import { execFile, spawn } from "node:child_process";
-import { copyFile, mkdir, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
-import { existsSync } from "node:fs";
+import { copyFile, mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { promisify } from "node:util";
 import { LIBRARY } from "./bashbooster.ts";
 
 const run = promisify(execFile);
-const CACHE = process.env.BASHIBLE_TEST_CACHE ?? "/var/cache/bashible-test";
-
-/**
- * A cached debootstrapped root under $BASHIBLE_TEST_CACHE/debian-roots (made by the nspawn node
- * tooling), holding every package named; undefined when there is none.
- */
-export async function cachedDebianRoot(packages: readonly string[] = []): Promise<string | undefined> {
-  const dir = path.join(CACHE, "debian-roots");
-  for (const name of (await readdir(dir).catch(() => [] as string[])).filter((n) => n.endsWith(".json")).sort()) {
-    const root = path.join(dir, name.slice(0, -".json".length));
-    if (!existsSync(path.join(root, "usr/bin/apt-get"))) continue;
-    const meta = JSON.parse(await readFile(path.join(dir, name), "utf8").catch(() => "{}")) as { packages?: string[] };
-    if (packages.every((p) => meta.packages?.includes(p))) return root;
-  }
-  return undefined;
-}
 
 export interface StepRun {
   code: number;

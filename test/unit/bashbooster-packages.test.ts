@@ -1,82 +1,19 @@
-// The library's package helpers. apt: the real apt-get and dpkg, in a chroot of a cached
-// debootstrapped Debian root (an overlay, so the cache stays untouched) with a local repository
-// holding a package built here. dnf, yum, zypper and ALT's apt-get + rpm cannot run here: their
-// helpers are checked for the commands they run, through recorders first on PATH. Registry
-// packages and the disruption approval go through the agent (BASHIBLE_AGENT): checked against
-// a stand-in that records its arguments and answers as the contract says.
+// The library's package helpers. dnf, yum, zypper and ALT's apt-get + rpm cannot run here: their
+// helpers are checked for the commands they run, through recorders first on PATH (apt runs for
+// real in test/integration/bashbooster-apt.test.ts). Registry packages and the disruption
+// approval go through the agent (BASHIBLE_AGENT): checked against a stand-in that records its
+// arguments and answers as the contract says.
 import t from "tap";
 import { chmod, mkdir, readFile, symlink, writeFile } from "node:fs/promises";
 import { existsSync } from "node:fs";
 import path from "node:path";
 import { sandbox, type Sandbox } from "../lib/bashbooster.ts";
-import { cachedDebianRoot, chrootRoot } from "../lib/chroot-root.ts";
 
 async function withSandbox(t: { teardown(fn: () => unknown): void }, osRelease?: string): Promise<Sandbox> {
   const sb = await sandbox(osRelease);
   t.teardown(() => sb.cleanup());
   return sb;
 }
-
-// ---- apt, for real ------------------------------------------------------------------------
-
-const isRoot = process.getuid?.() === 0;
-const debianRoot = isRoot ? await cachedDebianRoot() : undefined;
-const aptSkip = !isRoot
-  ? "needs root (chroot and overlay mount)"
-  : !debianRoot
-    ? "needs a cached debootstrapped Debian root under $BASHIBLE_TEST_CACHE/debian-roots (made by the nspawn node tooling)"
-    : false;
-
-t.test("bb-apt-install / bb-apt-remove with the real apt-get and dpkg", { skip: aptSkip }, async (t) => {
-  const node = await chrootRoot(debianRoot!);
-  t.teardown(() => node.cleanup());
-  const step = (script: string) => node.script(script);
-  const events =
-    'bb-event-on bb-package-installed on_installed\non_installed() { echo "installed:$1"; }\n' +
-    'bb-event-on bb-package-removed on_removed\non_removed() { echo "removed:$1"; }\n';
-  const installed = async () =>
-    // biome-ignore lint/suspicious/noTemplateCurlyInString: a dpkg-query format
-    (await step("dpkg-query -W -f='${Status}' bb-test-hello 2>/dev/null || true\n")).stdout.endsWith(" installed");
-
-  t.notOk(await installed());
-  const first = await step(`${events}bb-apt-install bb-test-hello\n`);
-  t.equal(first.code, 0, first.stderr);
-  t.equal(first.stdout.trim().split("\n").pop(), "installed:bb-test-hello");
-  t.match(first.stderr, /Updating apt cache/);
-  t.ok(await installed(), "installed by apt-get");
-  t.equal((await step("apt-mark showhold\n")).stdout, "bb-test-hello\n", "held, as Deckhouse holds what it installs");
-  t.ok(existsSync(path.join(node.root, "var/lib/bashible/.bb-workspace/flag/apt-updated")), "flag apt-updated");
-
-  const again = await step(`${events}bb-apt-install bb-test-hello\n`);
-  t.notMatch(again.stderr, /Updating apt cache|Installing/, "nothing to do");
-  t.equal(
-    again.stdout,
-    "installed:bb-test-hello\n",
-    "the event repeats until the converge ends (its handlers may not have run)",
-  );
-  await step("bb-run-finished\n");
-  t.equal((await step(`${events}bb-apt-install bb-test-hello\n`)).stdout, "", "after the converge: no event");
-
-  t.equal(
-    (
-      await step(
-        "bb-apt-package? bb-test-hello=1.* && echo yes; bb-apt-package? 'bb-test-hello=2.*' || echo no; bb-apt-package? bb-test-hello=1.2-1 && echo exact\n",
-      )
-    ).stdout,
-    "yes\nno\nexact\n",
-    "version patterns",
-  );
-
-  const missing = await step("bb-apt-install no-such-package-here\necho never\n");
-  t.not(missing.code, 0);
-  t.notMatch(missing.stdout, /never/);
-  t.match(missing.stderr, /Failed to install packages 'no-such-package-here'/);
-
-  const removed = await step(`${events}bb-apt-remove bb-test-hello not-installed-either\n`);
-  t.equal(removed.code, 0, removed.stderr);
-  t.match(removed.stdout, /^removed:bb-test-hello\n$/m);
-  t.notOk(await installed(), "removed by apt-get, although held");
-});
 
 // ---- dnf, yum, zypper, ALT's apt-get: the commands they would run ----------------------------
 
