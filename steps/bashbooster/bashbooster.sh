@@ -966,12 +966,13 @@ _bb_rp_fire_events() {
     done <"$1"
 }
 
-# bb-package-install NAME:sha256:HEX...: installs registry packages (skipped when already at that digest).
+# bb-package-install NAME:sha256:HEX[@REPOSITORY]...: installs registry packages (skipped when
+# already at that digest; the repository defaults to the registry's <path>/packages).
 bb-package-install() {
     (($#)) || return 0
     local arg
     for arg in "$@"; do
-        if [[ ! "$arg" =~ ^[a-z0-9][a-z0-9._-]*:sha256:[0-9a-f]{64}$ ]]; then
+        if [[ ! "$arg" =~ ^[a-z0-9][a-z0-9._-]*:sha256:[0-9a-f]{64}(@[^[:space:]]+)?$ ]]; then
             bb-log-error "bb-package-install: '$arg' is not NAME:sha256:<64 hex>"
             return 1
         fi

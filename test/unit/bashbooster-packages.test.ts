@@ -191,6 +191,8 @@ exit \${AGENT_EXIT:-0}`,
   const argv = await sb.step(`${PKG_EVENTS}bb-package-install jq:${D1}\n`, { BASHIBLE_AGENT: `'bash' '${a.path}'` });
   t.equal(argv.stdout, "installed:jq\n", "BASHIBLE_AGENT may be the agent's argv, shell-quoted, as the agent sets it");
   t.equal((await a.calls()).length, 3);
+  await sb.step(`bb-package-install jq:${D1}@deckhouse/ee/modules/x\n`, env);
+  t.match((await a.calls())[3], new RegExp(`jq:${D1}@deckhouse/ee/modules/x$`), "a repository may follow the digest");
   t.equal((await sb.step(`bb-package-fetch jq:${D1}\necho fetched\n`, env)).stdout, "fetched\n", "fetch only checks");
 });
 
