@@ -17,9 +17,14 @@ export { BUILTIN_STEPS };
 
 export const BUILTIN_STEP_NAMES: ReadonlySet<string> = new Set(Object.values(BUILTIN_STEPS));
 
-/** `NNN_<name>`: the weight, zero-padded to three digits, orders custom steps among built-ins. */
+/**
+ * `NNN_<name>`: the weight formatted as Go's `%03d` (Deckhouse's name for the step), so custom
+ * steps order among built-ins by weight: 5 → `005_`, 1000 → `1000_`, -5 → `-05_`.
+ */
 export function scriptStepName(weight: number, name: string): string {
-  return `${String(weight).padStart(3, "0")}_${name}`;
+  const digits = String(Math.abs(weight));
+  const sign = weight < 0 ? "-" : "";
+  return `${sign}${digits.padStart(3 - sign.length, "0")}_${name}`;
 }
 
 export class StepNameClashError extends Error {

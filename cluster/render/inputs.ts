@@ -17,13 +17,15 @@ export interface NodeGroupObject {
     nodeType: "CloudEphemeral" | "CloudPermanent" | "CloudStatic" | "Static";
     disruptions?: { approvalMode?: "Manual" | "Automatic" | "RollingUpdate" };
     fencing?: { mode: "Watchdog" | "Notify" };
-    // Read by controllers, not by the renderer; listed so the omission is visible.
+    cri?: { type?: string; [k: string]: unknown };
+    // Read by controllers (or not acted on yet), not by the renderer; NodeGroupConfiguration
+    // templates see all of spec under .nodeGroup, as in Deckhouse.
     kubelet?: unknown;
-    cri?: unknown;
     update?: { maxConcurrent?: number | string };
     nodeTemplate?: unknown;
     cloudInstances?: unknown;
     staticInstances?: unknown;
+    [field: string]: unknown;
   };
 }
 
@@ -40,6 +42,8 @@ export interface NodeUserObject {
   metadata: ObjectMeta;
   spec: {
     uid: number;
+    /** Deprecated in Deckhouse, still accepted: one key, added before sshPublicKeys. */
+    sshPublicKey?: string;
     sshPublicKeys?: string[];
     passwordHash?: string;
     isSudoer?: boolean;
@@ -55,9 +59,17 @@ export interface PackageDigest {
   repository?: string;
 }
 
+/** ClusterConfiguration's proxy, as Deckhouse passes it to bashible (and to NGC templates as .proxy). */
+export interface ProxySettings {
+  httpProxy?: string;
+  httpsProxy?: string;
+  noProxy?: string[];
+}
+
 /**
- * The cluster-wide part of every bundle. Read from the `context.yaml` key of Secret
- * d8-cloud-instance-manager/bashible-server-context, or from a file in --config-dir.
+ * The cluster-wide part of every bundle. Read from key `input.yaml` of Secret
+ * d8-cloud-instance-manager/bashible-apiserver-context (Deckhouse's names; `context.yaml` of
+ * `bashible-server-context` is read too), or from a file in --config-dir.
  */
 export interface ClusterContext {
   /** Staggers the 4-hourly forced re-run per cluster and group. */
@@ -66,6 +78,8 @@ export interface ClusterContext {
   apiserverEndpoints: string[];
   clusterCA: string;
   registry?: { address: string; path: string; ca?: string };
+  /** Optional HTTP(S) proxy for nodes: NGC templates' .proxy and bb-set-proxy. */
+  proxy?: ProxySettings;
   packagesProxy: { endpoints: string[]; token: string };
   /** Registry packages every node installs in step 007: name → digest. */
   packages: Record<string, PackageDigest>;

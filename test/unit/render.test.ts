@@ -31,7 +31,11 @@ t.test("the example renders the built-in steps and the NGC in name order", async
     ],
   );
   const script = r.bundle.steps[4]!;
-  t.match(script.kind === "Script" && script.spec.script, /tuning sysctls for node group worker/, "mustache rendered");
+  t.match(
+    script.kind === "Script" && script.spec.script,
+    /tuning sysctls for node group worker/,
+    "Go template rendered",
+  );
   t.equal(r.checksum, bundleChecksum(r.bundle));
   t.match(r.checksum, /^[0-9a-f]{64}$/);
   t.equal(r.bundle.metadata.annotations?.["bashible.deckhouse.io/configuration-checksum"], r.checksum);
@@ -142,8 +146,11 @@ t.test("bad input gives an error naming the object", async (t) => {
   t.match(renderErr(os).message, /NodeGroupConfiguration\/sysctl-tuning: unknown bundle 'windows'/);
 
   const tpl = inputs();
-  tpl.configurations[0]!.spec.content = "echo {{#nodeGroup}} unclosed";
-  t.match(renderErr(tpl).message, /NodeGroupConfiguration\/sysctl-tuning: template does not render: Unclosed section/);
+  tpl.configurations[0]!.spec.content = "echo start\n{{ if .nodeGroup.name }}\nunclosed";
+  t.match(
+    renderErr(tpl).message,
+    /NodeGroupConfiguration\/sysctl-tuning: spec.content line 2: \{\{ if .nodeGroup.name \}\}: \{\{if\}\} has no matching \{\{end\}\}/,
+  );
 
   const ctx = inputs();
   ctx.context.packages.bashible!.digest = "sha256:nope";
@@ -166,9 +173,10 @@ t.test("one group's bad input does not stop the others", async (t) => {
 
 t.test("NGC scripts cannot reach the packages proxy token", async (t) => {
   const i = inputs();
-  i.configurations[0]!.spec.content = "echo '{{packagesProxy.token}}' {{packagesProxy.endpoints}}";
+  i.configurations[0]!.spec.content =
+    "echo {{ .packagesProxy.addresses }}{{ if .packagesProxy.token }} leaked{{ end }}";
   const s = render(i).bundle.steps.find((x) => x.kind === "Script")!;
-  t.equal(s.kind === "Script" && s.spec.script, "echo '' 127.0.0.1:4219");
+  t.equal(s.kind === "Script" && s.spec.script, "echo [127.0.0.1:4219]");
 });
 
 t.test("bashibles and bootstrap carry the agent package and a cleanup script", async (t) => {
