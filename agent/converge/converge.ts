@@ -388,7 +388,7 @@ async function convergeLocked(s: Session, o: ConvergeOptions): Promise<ConvergeR
     delete st.failedChecksum;
   });
   await writeAppliedChecksum(host, checksum);
-  await finishRun(host);
+  await finishRun(host, base.flags);
   if (firstRun) await host.remove(PATHS.firstRun);
   const changed = steps.filter((st) => st.outcome === "changed").map((st) => st.name);
 

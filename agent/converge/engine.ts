@@ -9,10 +9,10 @@ import type { Host } from "../host/host.ts";
 import { sleep } from "../../lib/sleep.ts";
 import { isPermanent } from "../../lib/errors.ts";
 import type { BundleStep, NodeGroupBundle } from "../../bundles/types.ts";
-import { stepLogPath } from "../../bundles/paths.ts";
+import { STATE_DIR, stepLogPath } from "../../bundles/paths.ts";
 import { isPrimitive, pathsOf } from "../host/changes.ts";
 import { bindStep, type BoundStep } from "../../steps/index.ts";
-import type { Change, Problem, ServiceChange, ServiceDecl, StepContext } from "../../steps/types.ts";
+import type { Change, Flags, Problem, ServiceChange, ServiceDecl, StepContext } from "../../steps/types.ts";
 import { redact } from "../host/runner.ts";
 import { applyPrimitive } from "./primitives.ts";
 import { FLAG } from "./flags.ts";
@@ -246,7 +246,16 @@ export async function applySteps(
   return { ok: true, steps: results };
 }
 
-/** The run finished: nothing is pending any more. */
-export async function finishRun(host: Host): Promise<void> {
+/** What the script helpers keep between steps of one run (Deckhouse's bb-run-finished clears it). */
+const HELPER_RUN_STATE = [
+  `${STATE_DIR}/bashbooster_unhandled_synced_files`,
+  `${STATE_DIR}/bashbooster_unhandled_packages`,
+];
+const HELPER_RUN_FLAGS = ["apt-updated", "apt-rpm-updated", "yum-updated", "dnf-updated", "zypper-updated"];
+
+/** The run finished: nothing is pending any more (the journal, the helpers' per-run state). */
+export async function finishRun(host: Host, flags: Flags): Promise<void> {
   await (await RunJournal.open(host)).clear();
+  for (const p of HELPER_RUN_STATE) await host.remove(p);
+  for (const f of HELPER_RUN_FLAGS) await flags.unset(f);
 }

@@ -184,7 +184,7 @@ t.test("scripts see Deckhouse's environment and ours", async (t) => {
   const file = await writeBundle(root, b, "../b-" + path.basename(root) + ".json");
   t.equal((await bashible(["once", "--root", root, "--bundle", file])).status, 0);
   const env = await readFile(path.join(root, "env"), "utf8");
-  t.match(env, /BUNDLE=rhel/);
+  t.match(env, /BUNDLE=centos/, "Deckhouse's bundle name for Rocky");
   t.match(env, /NODE_NAME=node-env/);
   t.match(env, /D8_NODE_HOSTNAME=node-env/);
   t.match(env, /NODE_GROUP=worker/);
@@ -307,4 +307,38 @@ t.test("a torn status.json does not stop the daemon from converging", async (t) 
   t.equal(await readFile(path.join(root, "etc/hello/greeting"), "utf8"), "two node-1\n");
   const aside = await readdir(path.join(root, "var/lib/bashible/corrupt"));
   t.match(aside, [/^status\.json\.corrupt-/], "the torn file is kept aside for a person to read");
+});
+
+t.test("scripts use Deckhouse's helpers: bb-sync-file, events, and bb-flag-set reboot (a reboot last)", async (t) => {
+  const root = await sandbox();
+  await mkdir(path.join(root, "var/lib/bashible"), { recursive: true });
+  const b = makeBundle([
+    script(
+      "050_helpers",
+      [
+        `bb-event-on 'bb-sync-file-changed' '_changed'`,
+        `_changed() { echo "changed $1" >> "$BASHIBLE_ROOT/events"; }`,
+        `mkdir -p "$BASHIBLE_ROOT/etc/demo"`,
+        `echo "value=1" | bb-sync-file "$BASHIBLE_ROOT/etc/demo/app.conf" -`,
+        `bb-is-bundle > "$BASHIBLE_ROOT/bundle"`,
+        `bb-flag-set reboot`,
+      ].join("\n"),
+    ),
+  ]);
+  const file = await writeBundle(root, b, "../b-" + path.basename(root) + ".json");
+  const r = await bashible(["once", "--root", root, "--bundle", file, "--log-format", "json"]);
+  t.equal(r.status, 0, r.stdout + r.stderr);
+  t.equal(await readFile(path.join(root, "etc/demo/app.conf"), "utf8"), "value=1\n");
+  t.match(await readFile(path.join(root, "events"), "utf8"), /changed .*etc\/demo\/app\.conf/, "the handler ran");
+  t.equal((await readFile(path.join(root, "bundle"), "utf8")).trim(), "debian");
+  t.match(
+    await readFile(path.join(root, "var/lib/bashible/sandbox-actions.log"), "utf8"),
+    /reboot/,
+    "the flag set by the script made the run reboot last (no cluster: the operator approves)",
+  );
+  await t.rejects(
+    readFile(path.join(root, "var/lib/bashible/.bb-workspace/flag/reboot")),
+    { code: "ENOENT" },
+    "flag cleared",
+  );
 });
