@@ -89,44 +89,47 @@ t.test("plan, once, plan: the part-1 steps converge a Debian tree through the CL
   t.match(p2.stdout, /0 of 4 steps would change the node/, p2.stdout);
 });
 
-t.test("a custom script installs a registry package with bb-package-install (verified through the proxy)", async (t) => {
-  const f = await withProxy(t);
-  const layer = await buildLayer(binaryPackage("yq", "4.4"));
-  const { digest } = await f.registry.pushPackage("deckhouse/packages/yq", "4.4", layer);
-  const root = await sandbox();
-  const steps: BundleStep[] = [
-    {
-      name: "050_tools",
-      kind: "Script",
-      spec: {
-        script: [
-          `bb-event-on 'bb-package-installed' '_installed'`,
-          `_installed() { echo "installed $1" >> "$BASHIBLE_ROOT/events"; }`,
-          `bb-package-install "yq:${digest}@deckhouse/packages/yq"`,
-        ].join("\n"),
-        weight: 50,
-        source: "NodeGroupConfiguration/tools",
-        bundles: [],
+t.test(
+  "a custom script installs a registry package with bb-package-install (verified through the proxy)",
+  async (t) => {
+    const f = await withProxy(t);
+    const layer = await buildLayer(binaryPackage("yq", "4.4"));
+    const { digest } = await f.registry.pushPackage("deckhouse/packages/yq", "4.4", layer);
+    const root = await sandbox();
+    const steps: BundleStep[] = [
+      {
+        name: "050_tools",
+        kind: "Script",
+        spec: {
+          script: [
+            `bb-event-on 'bb-package-installed' '_installed'`,
+            `_installed() { echo "installed $1" >> "$BASHIBLE_ROOT/events"; }`,
+            `bb-package-install "yq:${digest}@deckhouse/packages/yq"`,
+          ].join("\n"),
+          weight: 50,
+          source: "NodeGroupConfiguration/tools",
+          bundles: [],
+        },
       },
-    },
-  ];
-  const bundle = makeBundle(steps, {
-    context: { clusterCA: f.clusterCA, packagesProxy: { endpoints: [f.endpoint], token: f.token } },
-  });
-  const file = await writeBundle(path.dirname(root), bundle, `b-${path.basename(root)}.json`);
-  const r = await bashible(["once", "--root", root, "--bundle", file, "--log-format", "json"]);
-  t.equal(r.status, 0, r.stdout + r.stderr);
-  t.notOk((r.stdout + r.stderr).includes(f.token), "no token in any output");
-  t.ok(await readFile(path.join(root, "opt/deckhouse/bin/yq")), "installed by the package's install");
-  t.equal((await readFile(path.join(root, "var/cache/registrypackages/yq/digest"), "utf8")).trim(), digest);
-  t.equal(await readFile(path.join(root, "events"), "utf8"), "installed yq\n", "bb-package-installed fired");
-  // A forced run runs the script again: the package is at that digest, nothing is fetched, no event.
-  await rm(path.join(root, "var/lib/bashible/configuration_checksum"));
-  await writeFile(path.join(root, "events"), "");
-  const served = f.proxy.stats.served;
-  const again = await bashible(["once", "--root", root, "--bundle", file, "--log-format", "json"]);
-  t.equal(again.status, 0);
-  t.match(again.stdout, /NodeGroupConfiguration\/tools/, "the script ran again");
-  t.equal(f.proxy.stats.served, served, "nothing downloaded");
-  t.equal(await readFile(path.join(root, "events"), "utf8"), "", "skipped: no event");
-});
+    ];
+    const bundle = makeBundle(steps, {
+      context: { clusterCA: f.clusterCA, packagesProxy: { endpoints: [f.endpoint], token: f.token } },
+    });
+    const file = await writeBundle(path.dirname(root), bundle, `b-${path.basename(root)}.json`);
+    const r = await bashible(["once", "--root", root, "--bundle", file, "--log-format", "json"]);
+    t.equal(r.status, 0, r.stdout + r.stderr);
+    t.notOk((r.stdout + r.stderr).includes(f.token), "no token in any output");
+    t.ok(await readFile(path.join(root, "opt/deckhouse/bin/yq")), "installed by the package's install");
+    t.equal((await readFile(path.join(root, "var/cache/registrypackages/yq/digest"), "utf8")).trim(), digest);
+    t.equal(await readFile(path.join(root, "events"), "utf8"), "installed yq\n", "bb-package-installed fired");
+    // A forced run runs the script again: the package is at that digest, nothing is fetched, no event.
+    await rm(path.join(root, "var/lib/bashible/configuration_checksum"));
+    await writeFile(path.join(root, "events"), "");
+    const served = f.proxy.stats.served;
+    const again = await bashible(["once", "--root", root, "--bundle", file, "--log-format", "json"]);
+    t.equal(again.status, 0);
+    t.match(again.stdout, /NodeGroupConfiguration\/tools/, "the script ran again");
+    t.equal(f.proxy.stats.served, served, "nothing downloaded");
+    t.equal(await readFile(path.join(root, "events"), "utf8"), "", "skipped: no event");
+  },
+);
