@@ -4,13 +4,13 @@
 // A pass decides from the cache only (decide.ts) and writes Nodes with their resourceVersion as
 // a precondition, so a decision never lands on a Node that changed since it was read; a group
 // is not decided again until the cache shows this controller's own last writes.
-import { NODE_KEYS, SECRETS } from "../../bundles/names.ts";
+import { EVENTS, NAMESPACE, NODE_KEYS, SECRETS } from "../../bundles/names.ts";
 import type { KubeClient } from "../../lib/kube/client.ts";
 import type { KubeObject } from "../../lib/kube/api.ts";
 import { isConflict, isNotFound } from "../../lib/kube/errors.ts";
 import { Informer, type InformerEvent } from "../../lib/informer.ts";
 import type { Logger } from "../../lib/log/log.ts";
-import { decideGroup, type NodeEvent, type NodePatch } from "./decide.ts";
+import { decideGroup, type GroupDecision, type NodeEvent, type NodePatch } from "./decide.ts";
 import { NodeDrain } from "./drain.ts";
 import { EventRecorder } from "./events.ts";
 import { groupPolicy, nodeView, trimNode, type NodeView } from "./model.ts";
@@ -82,7 +82,7 @@ export class UpdateController {
     });
     this.secret = new Informer({
       client: o.client,
-      path: `/api/v1/namespaces/${o.namespace ?? "d8-cloud-instance-manager"}/secrets`,
+      path: `/api/v1/namespaces/${o.namespace ?? NAMESPACE}/secrets`,
       fieldSelector: `metadata.name=${SECRETS.checksums}`,
       log: o.log,
       onEvent: () => this.poke(),
@@ -150,7 +150,7 @@ export class UpdateController {
   }
 
   private checksums(): Map<string, string> {
-    const s = this.secret.objects.get(SECRETS.checksums);
+    const s = this.secret.objects.get(`${this.o.namespace ?? NAMESPACE}/${SECRETS.checksums}`);
     const data = (s?.data ?? {}) as Record<string, string>;
     return new Map(Object.entries(data).map(([g, v]) => [g, Buffer.from(v, "base64").toString("utf8").trim()]));
   }
@@ -190,17 +190,8 @@ export class UpdateController {
       byGroup.delete(name);
       if (members.some((n) => this.isPending(n.name))) continue;
       const d = decideGroup(policy, members, checksums.get(name), now);
-      const uid = new Map(members.map((n) => [n.name, n]));
-      for (const a of d.actions) {
-        work.push(
-          this.write(uid.get(a.patch.node), a.patch).then((ok) => {
-            if (!ok) return;
-            this.events.emit(a.event, uid.get(a.patch.node)?.uid);
-            if (a.event.reason === "BashibleUpdateFinished") this.events.forget(a.patch.node);
-          }),
-        );
-      }
-      for (const w of d.waits) this.events.emit(w, uid.get(w.node)?.uid);
+      work.push(this.apply(d.actions, new Map(members.map((n) => [n.name, n]))));
+      for (const w of d.waits) this.events.emit(w, members.find((n) => n.name === w.node)?.uid);
       this.status.set(name, statusBody(d.status, policy.error !== undefined), ng.status);
       if (d.wakeAt !== undefined) wake = Math.min(wake, d.wakeAt);
     }
@@ -214,6 +205,24 @@ export class UpdateController {
     if (this.retryAt !== undefined) wake = Math.min(wake, this.retryAt);
     this.retryAt = undefined;
     this.schedule(wake);
+  }
+
+  /**
+   * Writes one group's decisions: nodes that finished first, and only if all of those landed
+   * the rest, so the API never shows more nodes approved than maxConcurrent allows.
+   */
+  private async apply(actions: GroupDecision["actions"], nodes: Map<string, NodeView>): Promise<void> {
+    const finished = actions.filter((a) => a.event.reason === EVENTS.updateFinished);
+    const rest = actions.filter((a) => a.event.reason !== EVENTS.updateFinished);
+    const write = async (a: GroupDecision["actions"][number]) => {
+      const n = nodes.get(a.patch.node);
+      if (!(await this.write(n, a.patch))) return false;
+      this.events.emit(a.event, n?.uid);
+      if (a.event.reason === EVENTS.updateFinished) this.events.forget(a.patch.node);
+      return true;
+    };
+    const ok = await Promise.all(finished.map(write));
+    if (ok.every(Boolean)) await Promise.all(rest.map(write));
   }
 
   /** Drains every node that carries `draining`, whichever group or mode asked for it. */

@@ -94,9 +94,10 @@ export function decideGroup(
   // 1. Nodes that finished: their checksum is the group's and they are Ready.
   for (const n of sorted) {
     const inFlight = DONE_CLEARS.some((k) => k !== NODE_KEYS.waitingForApproval && has(n, k));
-    const busy = [NODE_KEYS.waitingForApproval, NODE_KEYS.disruptionRequired, NODE_KEYS.draining, NODE_KEYS.reboot].some(
-      (k) => has(n, k),
-    );
+    // Still asking for something; a disruption-required an operator approved (Manual) is not.
+    const busy =
+      [NODE_KEYS.waitingForApproval, NODE_KEYS.draining, NODE_KEYS.reboot].some((k) => has(n, k)) ||
+      (has(n, NODE_KEYS.disruptionRequired) && !has(n, NODE_KEYS.disruptionApproved));
     if (!inFlight || busy || !desired || n.annotations[NODE_KEYS.checksum] !== desired || !n.ready) continue;
     const annotations: Record<string, string | null> = {};
     for (const k of DONE_CLEARS) if (has(n, k)) annotations[k] = null;

@@ -42,7 +42,9 @@ export class EventRecorder {
       },
       { timeoutMs: 10_000 },
     )
-      .catch((err: Error) => this.log.warn({ node: ev.node, reason: ev.reason, err: err.message }, "cannot write Event"))
+      .catch((err: Error) =>
+        this.log.warn({ node: ev.node, reason: ev.reason, err: err.message }, "cannot write Event"),
+      )
       .finally(() => this.inFlight--);
   }
 

@@ -145,7 +145,13 @@ t.test("windows: days, overnight, several, and bad ones", async (t) => {
   });
   t.same(windowState(undefined, NOW), { open: true, nextChange: undefined });
   t.equal(windowState([{ from: "00:00", to: "00:00" }], NOW).open, true, "from = to: the whole day");
-  t.match(groupPolicy({ metadata: { name: "g" }, spec: { disruptions: { automatic: { windows: [{ from: "25:00", to: "1:00" }] } } } }).error, /windows\[0\]\.from '25:00' is not HH:MM/);
+  t.match(
+    groupPolicy({
+      metadata: { name: "g" },
+      spec: { disruptions: { automatic: { windows: [{ from: "25:00", to: "1:00" }] } } },
+    }).error,
+    /windows\[0\]\.from '25:00' is not HH:MM/,
+  );
 });
 
 t.test("RollingUpdate marks a node asking for a disruption for replacement", async (t) => {
