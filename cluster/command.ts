@@ -6,26 +6,12 @@ import v8 from "node:v8";
 import path from "node:path";
 import { EXIT, UsageError, type Command } from "../lib/cli.ts";
 import { KubeClient } from "../lib/kube/client.ts";
-import { loadKubeconfig, type KubeConnection } from "../lib/kube/kubeconfig.ts";
+import { loadKubeconfig } from "../lib/kube/kubeconfig.ts";
+import { inClusterConnection } from "./in-cluster.ts";
 import { startBundleServer } from "./app.ts";
 import { NAMESPACE } from "./checksums.ts";
 import { installCrds } from "./crds/install.ts";
 import { asset } from "../lib/assets.ts";
-
-const SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount";
-
-async function inClusterConnection(): Promise<KubeConnection> {
-  const host = process.env.KUBERNETES_SERVICE_HOST;
-  const port = process.env.KUBERNETES_SERVICE_PORT ?? "443";
-  if (!host)
-    throw new UsageError("not in a cluster (KUBERNETES_SERVICE_HOST unset); pass --kubeconfig or --config-dir");
-  return {
-    server: `https://${host.includes(":") ? `[${host}]` : host}:${port}`,
-    ca: await readFile(path.join(SA_DIR, "ca.crt")),
-    token: (await readFile(path.join(SA_DIR, "token"), "utf8")).trim(),
-    source: SA_DIR,
-  };
-}
 
 /** Standalone without given certificates: a CA, a serving certificate and an admin client certificate. */
 async function selfSigned(certDir: string, hosts: string[]) {
