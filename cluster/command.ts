@@ -11,6 +11,7 @@ import { inClusterConnection } from "./in-cluster.ts";
 import { startBundleServer } from "./app.ts";
 import { NAMESPACE } from "./checksums.ts";
 import { installCrds } from "./crds/install.ts";
+import { CONTROLLER_FLAGS, CONTROLLER_FLAGS_HELP, controllerSettings } from "./controllers/command.ts";
 import { asset } from "../lib/assets.ts";
 
 /** Standalone without given certificates: a CA, a serving certificate and an admin client certificate. */
@@ -42,7 +43,14 @@ Inputs (one of):
                               refuses, changing nothing, if one exists that it did not install
                               (no label heritage=bashible, e.g. Deckhouse's)
       --force-crds            with --install-crds: replace such CRDs too
-      --no-manage-secrets     with a cluster: do not write checksums/bootstrap Secrets or Events
+      --no-manage-secrets     with a cluster: a read-only replica: no Secrets, Events, controllers or
+                              leader election; serves what it renders
+
+Replicas (with a cluster): every replica serves; the checksums and manual-bootstrap Secrets and
+render Events are written by the holder of Lease bashible-server, the update controllers run on
+the holder of Lease bashible-controllers (see docs/controllers.md).
+      --no-controllers        do not run the update controllers here (run \`bashible controllers\`)
+${CONTROLLER_FLAGS_HELP}
 
 Serving:
       --address ADDR          listen address (default 0.0.0.0)
@@ -58,6 +66,7 @@ Serving:
                               --tls-cert-file, writes a CA, serving and admin client certificate to
                               --cert-dir (default $TMPDIR/bashible-server) and trusts that CA
       --cert-dir DIR          where --standalone writes its certificates
+      --reuse-port            share the port with other server processes on this host
 
 See docs/cluster.md for the formats and the authorization model.`,
   options: {
@@ -67,6 +76,9 @@ See docs/cluster.md for the formats and the authorization model.`,
     "install-crds": { type: "boolean" },
     "force-crds": { type: "boolean" },
     "no-manage-secrets": { type: "boolean" },
+    "no-controllers": { type: "boolean" },
+    "reuse-port": { type: "boolean" },
+    ...CONTROLLER_FLAGS,
     namespace: { type: "string" },
     address: { type: "string" },
     port: { type: "string" },
@@ -89,11 +101,13 @@ See docs/cluster.md for the formats and the authorization model.`,
     if (!Number.isInteger(port) || port < 0 || port > 65535)
       throw new UsageError(`--port '${str("port")}' is not a port`);
     const address = str("address") ?? "0.0.0.0";
+    const settings = controllerSettings(v);
 
     let kube: KubeClient | undefined;
-    if (str("kubeconfig"))
-      kube = new KubeClient(await loadKubeconfig(str("kubeconfig")!), { userAgent: "bashible-server" });
-    else if (v["in-cluster"]) kube = new KubeClient(await inClusterConnection(), { userAgent: "bashible-server" });
+    // Five watches (inputs, checksums Secret) hold connections; writes and lookups need more.
+    const clientOpts = { userAgent: "bashible-server", maxSockets: 32 };
+    if (str("kubeconfig")) kube = new KubeClient(await loadKubeconfig(str("kubeconfig")!), clientOpts);
+    else if (v["in-cluster"]) kube = new KubeClient(await inClusterConnection(), clientOpts);
     const configDir = str("config-dir") ?? (kube ? undefined : asset("examples/cluster"));
     if (configDir && !existsSync(configDir)) throw new UsageError(`--config-dir ${configDir} does not exist`);
     if (v["force-crds"] && !v["install-crds"]) throw new UsageError("--force-crds goes with --install-crds");
@@ -151,6 +165,11 @@ See docs/cluster.md for the formats and the authorization model.`,
       host: address,
       port,
       manageSecrets: !v["no-manage-secrets"],
+      controllers: v["no-controllers"]
+        ? false
+        : { controller: { evictionRetryMs: settings.evictionRetryMs, drainTimeoutMs: settings.drainTimeoutMs } },
+      lease: { leaseDurationSeconds: settings.leaseDurationSeconds },
+      reusePort: v["reuse-port"] === true,
     });
     await new Promise<void>((resolve) => {
       const stop = () => resolve();

@@ -68,7 +68,8 @@ See docs/controllers.md.`,
     else if (v["in-cluster"]) connection = await inClusterConnection();
     else throw new UsageError("give --kubeconfig FILE or --in-cluster");
     const s = controllerSettings(v);
-    const client = new KubeClient(connection, { userAgent: "bashible-controller" });
+    // A watch per draining node holds a connection each.
+    const client = new KubeClient(connection, { userAgent: "bashible-controller", maxSockets: 64 });
     const leadership = runControllers({
       client,
       log,

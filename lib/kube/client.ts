@@ -52,6 +52,8 @@ export interface WatchOptions {
 export interface KubeClientOptions {
   timeoutMs?: number;
   userAgent?: string;
+  /** Connections at once (default 8). Each open watch holds one for as long as it runs. */
+  maxSockets?: number;
 }
 
 const DEFAULT_TIMEOUT_MS = 10_000;
@@ -68,7 +70,7 @@ export class KubeClient {
     this.userAgent = opts.userAgent ?? "bashible";
     this.agent = new https.Agent({
       keepAlive: true,
-      maxSockets: 8,
+      maxSockets: opts.maxSockets ?? 8,
       ca: connection.ca,
       cert: connection.cert,
       key: connection.key,
