@@ -26,6 +26,30 @@ async function selfSigned(certDir: string, hosts: string[]) {
   return { ca, serving, admin };
 }
 
+/** kube-system/extension-apiserver-authentication: requestheader-client-ca-file and -allowed-names. */
+async function frontProxyFromCluster(kube: KubeClient): Promise<{ ca: Buffer; allowedNames: string[] | undefined }> {
+  const where = "ConfigMap kube-system/extension-apiserver-authentication";
+  let cm: { data?: Record<string, string> };
+  try {
+    cm = await kube.request("GET", "/api/v1/namespaces/kube-system/configmaps/extension-apiserver-authentication");
+  } catch (err) {
+    throw new UsageError(
+      `no --requestheader-client-ca-file, and cannot read ${where}: ${(err as Error).message} (bind Role extension-apiserver-authentication-reader, see cluster/deploy/rbac.yaml)`,
+    );
+  }
+  const ca = cm.data?.["requestheader-client-ca-file"];
+  if (!ca)
+    throw new UsageError(`${where} has no requestheader-client-ca-file: the API server runs without a front proxy`);
+  let allowedNames: string[] | undefined;
+  try {
+    const names = JSON.parse(cm.data?.["requestheader-allowed-names"] ?? "[]") as string[];
+    allowedNames = names.length ? names : undefined;
+  } catch {
+    throw new UsageError(`${where}: requestheader-allowed-names is not a JSON list`);
+  }
+  return { ca: Buffer.from(ca), allowedNames };
+}
+
 const command: Command = {
   summary: "serve node group bundles (bashible.deckhouse.io aggregated API)",
   usage: "[--config-dir DIR | --kubeconfig FILE | --in-cluster] [--standalone] [options]",
@@ -58,7 +82,8 @@ Serving:
       --tls-cert-file FILE    serving certificate (PEM); --tls-private-key-file FILE its key
       --requestheader-client-ca-file FILE
                               front-proxy CA: requests with its client certificate carry the user
-                              in X-Remote-User / X-Remote-Group (aggregated API mode)
+                              in X-Remote-User / X-Remote-Group (aggregated API mode). Default with
+                              a cluster: from ConfigMap kube-system/extension-apiserver-authentication
       --requestheader-allowed-names LIST
                               allowed front-proxy CNs, comma-separated (default front-proxy-client)
       --client-ca-file FILE   CA for user client certificates (CN = user, O = groups)
@@ -129,7 +154,16 @@ See docs/cluster.md for the formats and the authorization model.`,
     let cert = await read("tls-cert-file");
     let key = await read("tls-private-key-file");
     let clientCA = await read("client-ca-file");
-    const requestHeaderCA = await read("requestheader-client-ca-file");
+    let requestHeaderCA: Buffer | undefined = await read("requestheader-client-ca-file");
+    let allowedNames = str("requestheader-allowed-names")?.split(",").filter(Boolean);
+    if (!requestHeaderCA && !clientCA && kube && !v.standalone) {
+      // As an aggregated API server does: the front proxy's CA and names from the ConfigMap the
+      // API server publishes (readable through Role extension-apiserver-authentication-reader).
+      const fromCluster = await frontProxyFromCluster(kube);
+      requestHeaderCA = fromCluster.ca;
+      allowedNames ??= fromCluster.allowedNames;
+      log.info({ allowedNames }, "front-proxy CA from kube-system/extension-apiserver-authentication");
+    }
     if (!!cert !== !!key) throw new UsageError("--tls-cert-file and --tls-private-key-file go together");
     if (!cert) {
       if (!v.standalone) throw new UsageError("--tls-cert-file is required (or --standalone for a self-signed one)");
@@ -158,7 +192,7 @@ See docs/cluster.md for the formats and the authorization model.`,
       requestHeader: requestHeaderCA
         ? {
             caPems: [requestHeaderCA],
-            allowedNames: (str("requestheader-allowed-names") ?? "front-proxy-client").split(",").filter(Boolean),
+            allowedNames: allowedNames?.length ? allowedNames : ["front-proxy-client"],
           }
         : undefined,
       clientCAPems: clientCA ? [clientCA] : undefined,

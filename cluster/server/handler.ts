@@ -130,7 +130,12 @@ export function createHandler(deps: HandlerDeps) {
 
     const asTable = wantsTable(req.headers.accept);
     const rvParam = Number(url.searchParams.get("resourceVersion") ?? "");
-    if (deps.fresh && Number.isFinite(rvParam) && rvParam > 0 && !(await deps.fresh(rvParam, only, watch ? "watch" : "get"))) {
+    if (
+      deps.fresh &&
+      Number.isFinite(rvParam) &&
+      rvParam > 0 &&
+      !(await deps.fresh(rvParam, only, watch ? "watch" : "get"))
+    ) {
       done(watch ? 410 : 504);
       // A watch from a resourceVersion this replica cannot reach relists; a GET is retried.
       return watch

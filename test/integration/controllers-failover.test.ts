@@ -75,10 +75,12 @@ async function startController(n: number): Promise<ChildProcess> {
   return child;
 }
 const holder = async () =>
-  (await admin.request<{ spec?: { holderIdentity?: string; acquireTime?: string } }>(
-    "GET",
-    `/apis/coordination.k8s.io/v1/namespaces/${NS}/leases/bashible-controllers`,
-  )).spec;
+  (
+    await admin.request<{ spec?: { holderIdentity?: string; acquireTime?: string } }>(
+      "GET",
+      `/apis/coordination.k8s.io/v1/namespaces/${NS}/leases/bashible-controllers`,
+    )
+  ).spec;
 const pidOf = (identity: string | undefined) => Number(identity?.split("_")[1]);
 const ann = async (name: string) =>
   (await admin.request<KubeObject>("GET", `/api/v1/nodes/${name}`)).metadata.annotations ?? {};
