@@ -18,7 +18,7 @@ export interface RenderLoopHooks {
    * Called after each pass with every rendered group's checksum (only when the set changed).
    * Resolving `false` means "not written" (this replica does not lead): asked again next time.
    */
-  onChecksums?: (checksums: ReadonlyMap<string, string>) => Promise<boolean | undefined | void>;
+  onChecksums?: (checksums: ReadonlyMap<string, string>) => Promise<boolean | undefined>;
   /** Called once per distinct failure of a group. */
   onRenderError?: (group: string, err: RenderError) => Promise<void>;
   /** Called after each pass with the rendered inputs (bootstrap Secrets). */

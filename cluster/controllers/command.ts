@@ -2,7 +2,7 @@
 // through the same Lease the server's embedded ones use, so the two never both act.
 import { EXIT, UsageError, type Command } from "../../lib/cli.ts";
 import { KubeClient } from "../../lib/kube/client.ts";
-import { loadKubeconfig } from "../../lib/kube/kubeconfig.ts";
+import { loadKubeconfig, type KubeConnection } from "../../lib/kube/kubeconfig.ts";
 import { NAMESPACE } from "../../bundles/names.ts";
 import { inClusterConnection } from "../in-cluster.ts";
 import { LEASES } from "../leadership.ts";
@@ -63,7 +63,7 @@ See docs/controllers.md.`,
   },
   async run({ values, log }) {
     const v = values as Record<string, string | boolean | undefined>;
-    let connection;
+    let connection: KubeConnection;
     if (typeof v.kubeconfig === "string") connection = await loadKubeconfig(v.kubeconfig);
     else if (v["in-cluster"]) connection = await inClusterConnection();
     else throw new UsageError("give --kubeconfig FILE or --in-cluster");
