@@ -107,8 +107,14 @@ class Informer {
           failures = 0;
           rv = ev.object.metadata?.resourceVersion ?? rv;
           if (ev.type === "BOOKMARK") continue;
+          const before = this.objects.get(ev.object.metadata.name);
           if (ev.type === "DELETED") this.objects.delete(ev.object.metadata.name);
           else this.objects.set(ev.object.metadata.name, ev.object);
+          // A status write (the controllers' NodeGroup status) leaves generation alone and
+          // changes nothing that renders.
+          const generation = (o: KubeObject | undefined) => o?.metadata.generation;
+          if (ev.type === "MODIFIED" && generation(before) !== undefined && generation(before) === generation(ev.object))
+            continue;
           this.onChange();
         }
       } catch (err) {
