@@ -113,7 +113,11 @@ class Informer {
           // A status write (the controllers' NodeGroup status) leaves generation alone and
           // changes nothing that renders.
           const generation = (o: KubeObject | undefined) => o?.metadata.generation;
-          if (ev.type === "MODIFIED" && generation(before) !== undefined && generation(before) === generation(ev.object))
+          if (
+            ev.type === "MODIFIED" &&
+            generation(before) !== undefined &&
+            generation(before) === generation(ev.object)
+          )
             continue;
           this.onChange();
         }
