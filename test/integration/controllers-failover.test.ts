@@ -6,7 +6,7 @@
 // controllers did is read from the API server's audit log.
 import t from "tap";
 import { spawn, type ChildProcess } from "node:child_process";
-import { mkdtemp, open, readFile, writeFile } from "node:fs/promises";
+import { mkdtemp, open, readFile, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { pino } from "pino";
@@ -31,6 +31,7 @@ const TIMEOUT_S = 10;
 const log = pino({ level: "silent" });
 
 const dir = await mkdtemp(path.join(os.tmpdir(), "bashible-failover-"));
+t.teardown(() => rm(dir, { recursive: true, force: true }));
 const auditLog = path.join(dir, "audit.log");
 await writeFile(path.join(dir, "policy.yaml"), POD_AUDIT_POLICY);
 const cp = await withControlPlane(t, {

@@ -24,7 +24,7 @@ import {
   setReady,
   startKubeletSim,
 } from "../lib/sim-nodes.ts";
-import { mkdtemp } from "node:fs/promises";
+import { mkdtemp, rm } from "node:fs/promises";
 import os from "node:os";
 
 const K = NODE_KEYS;
@@ -33,6 +33,7 @@ const SUM = (g: string) => `${g}`.padEnd(64, "0").replace(/[^0-9a-f]/g, "e");
 const log = pino({ level: process.env.TEST_LOG ? "debug" : "silent" });
 
 const auditDir = await mkdtemp(path.join(os.tmpdir(), "bashible-audit-"));
+t.teardown(() => rm(auditDir, { recursive: true, force: true }));
 const auditPolicy = path.join(auditDir, "policy.yaml");
 const auditLog = path.join(auditDir, "audit.log");
 await writeFile(auditPolicy, POD_AUDIT_POLICY);
