@@ -115,6 +115,9 @@ export class KubeClient {
     }
     if (this.connection.token) headers.Authorization = `Bearer ${this.connection.token}`;
     const req = https.request(url, { method, headers, agent: this.agent });
+    // The first error settles the promise below; a later one (a timeout after the answer began,
+    // an abort racing a reset) must not become an uncaught exception that ends the process.
+    req.on("error", () => undefined);
     const abort = (err: Error) => req.destroy(err);
     const response = new Promise<IncomingMessage>((resolve, reject) => {
       const timer = setTimeout(
