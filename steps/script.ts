@@ -74,6 +74,11 @@ export function scriptEnv(host: Host, ctx: StepContext): Record<string, string> 
     BASHIBLE_STEP: ctx.stepName,
     BASHIBLE_FIRST_RUN: String(ctx.firstRun),
     BASHIBLE_AGENT: host.path(PATHS.agentWrapper),
+    ...(ctx.cluster === "local"
+      ? { BASHIBLE_LOCAL_MODE: "1" }
+      : ctx.cluster.kubeconfig
+        ? { BASHIBLE_KUBECONFIG: ctx.cluster.kubeconfig }
+        : {}),
     BASHIBLE_BUNDLE_FILE: host.path(PATHS.runBundle),
     KUBERNETES_VERSION: ctx.bundle.context.kubernetesVersion,
   };

@@ -113,6 +113,11 @@ export interface StepContext {
   flags: Flags;
   /** argv that runs this agent (scripts' helpers call back into it). */
   agentArgv: string[];
+  /**
+   * How this run reaches the cluster, for the helpers that call back into the agent: the
+   * kubeconfig it was given, or "local" when it runs without a cluster (the operator approves).
+   */
+  cluster: { kubeconfig?: string } | "local";
   /** Every secret value of the bundle: output and errors of what a step runs are redacted with them. */
   secrets: string[];
   signal?: AbortSignal;

@@ -8,7 +8,7 @@ import { PATHS } from "../../bundles/paths.ts";
 import { acceptBundle } from "../../bundles/verify.ts";
 import { patchNode } from "../../lib/kube/api.ts";
 import { Host } from "../host/host.ts";
-import { clusterClients, NoCredentialsError } from "../converge/connect.ts";
+import { clusterClients } from "../converge/connect.ts";
 import { nodeName } from "../converge/node-name.ts";
 import { announceAndWait, hasAnnotation } from "../converge/approval.ts";
 
@@ -21,7 +21,7 @@ const command: Command = {
 Exit 0 approved, 10 the group replaces nodes instead (RollingUpdate: ${NODE_KEYS.rollingUpdate} set),
 1 not approved within --timeout (default 600 s).`,
   hidden: true,
-  options: { timeout: { type: "string" } },
+  options: { timeout: { type: "string" }, kubeconfig: { type: "string" } },
   takesRoot: true,
   logTo: "stderr",
   async run({ values, root, log }) {
@@ -29,14 +29,14 @@ Exit 0 approved, 10 the group replaces nodes instead (RollingUpdate: ${NODE_KEYS
     const name = process.env.D8_NODE_HOSTNAME || (await nodeName(host, undefined));
     const raw = await host.readFile(PATHS.runBundle);
     const mode = raw ? acceptBundle(raw, PATHS.runBundle).context.nodeGroup.disruptions.approvalMode : "Manual";
-    let clients: Awaited<ReturnType<typeof clusterClients>>;
-    try {
-      clients = await clusterClients(host, {});
-    } catch (err) {
-      if (!(err instanceof NoCredentialsError)) throw err;
-      log.warn("no cluster credentials (local mode): the operator who runs the agent approves the disruption");
+    // A converge without a cluster (local mode) has nobody to ask: the operator who ran it
+    // approves. Anything else without credentials is an error, never an approval.
+    if (process.env.BASHIBLE_LOCAL_MODE === "1") {
+      log.warn("local mode (no cluster): the operator who runs the agent approves the disruption");
       return EXIT.ok;
     }
+    const kubeconfig = (values.kubeconfig as string | undefined) ?? process.env.BASHIBLE_KUBECONFIG;
+    const clients = await clusterClients(host, kubeconfig ? { kubeconfig } : {});
     const kube = clients[0];
     if (!kube) return EXIT.error;
     try {

@@ -179,6 +179,7 @@ async function baseContext(s: Session, bundle: NodeGroupBundle, o: ConvergeOptio
     kube: s.reporter.kube,
     flags: hostFlags(s.host),
     agentArgv: agentArgv(),
+    cluster: s.reporter.kube ? (o.kubeconfig ? { kubeconfig: o.kubeconfig } : {}) : "local",
     signal: o.signal,
   };
 }

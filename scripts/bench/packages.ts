@@ -76,6 +76,7 @@ try {
         log,
         flags: hostFlags(host),
         agentArgv: [],
+        cluster: "local" as const,
       };
       const retry = { retry: { intervalMs: 0, maxAttempts: 1 } };
       let t0 = process.hrtime.bigint();

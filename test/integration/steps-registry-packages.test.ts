@@ -301,6 +301,7 @@ t.test("a download killed midway leaves nothing that could pass for the package"
       log,
       flags: hostFlags(env.host),
       agentArgv: [],
+      cluster: "local",
       signal: abort.signal,
     },
     { retry: { intervalMs: 0, maxAttempts: 1 } },
