@@ -43,3 +43,44 @@ export const EVENTS = {
   bundleRejected: "BashibleBundleRejected",
   earlyOomKilled: "EarlyOOMKilled",
 } as const;
+
+/** systemd units the built-in steps manage. */
+export const UNITS = {
+  agent: "bashible.service",
+  /** Restarts bashible.service once the converge in flight has finished (its ExecReload starts it). */
+  agentRestart: "bashible-restart.service",
+  /** Deckhouse's name: the distribution's own containerd.service is left alone. */
+  containerd: "containerd-deckhouse.service",
+  kubelet: "kubelet.service",
+  apiProxy: "kubernetes-api-proxy.service",
+} as const;
+
+/**
+ * Whether the kubelet may register its Node with this label (`--node-labels`): the kubernetes.io
+ * and k8s.io namespaces are closed to it except for a few well-known keys and the
+ * kubelet.kubernetes.io and node.kubernetes.io namespaces; a kubelet given any other label there
+ * does not start. The cluster side sets such labels instead.
+ */
+export function kubeletMaySetLabel(key: string): boolean {
+  const slash = key.indexOf("/");
+  if (slash < 0) return true;
+  const ns = key.slice(0, slash);
+  const under = (domain: string) => ns === domain || ns.endsWith(`.${domain}`);
+  if (!under("kubernetes.io") && !under("k8s.io")) return true;
+  if (under("kubelet.kubernetes.io") || under("node.kubernetes.io")) return true;
+  return KUBELET_WELL_KNOWN_LABELS.has(key);
+}
+
+const KUBELET_WELL_KNOWN_LABELS: ReadonlySet<string> = new Set([
+  "kubernetes.io/hostname",
+  "kubernetes.io/instance-type",
+  "kubernetes.io/os",
+  "kubernetes.io/arch",
+  "beta.kubernetes.io/instance-type",
+  "beta.kubernetes.io/os",
+  "beta.kubernetes.io/arch",
+  "failure-domain.beta.kubernetes.io/zone",
+  "failure-domain.beta.kubernetes.io/region",
+  "topology.kubernetes.io/zone",
+  "topology.kubernetes.io/region",
+]);

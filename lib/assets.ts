@@ -20,4 +20,10 @@ export function asset(rel: string): string {
 }
 
 /** What the build ships as data, relative to the repository. */
-export const SHIPPED_ASSETS = ["cluster/render/templates", "cluster/crds", "examples/cluster"];
+export const SHIPPED_ASSETS = [
+  "cluster/render/templates",
+  "cluster/crds",
+  "examples/cluster",
+  "systemd",
+  "steps/checks",
+];

@@ -2,7 +2,16 @@
 // order, and how custom NodeGroupConfiguration scripts join them. The renderer (cluster/render)
 // validates its inputs and hands this module plain values; the output is the `steps` list of a
 // NodeGroupBundle (bundles/types.ts), ordered by name.
-import type { BundleStep, NodeUserSpec, RegistryPackageRef } from "../../bundles/types.ts";
+import type {
+  BashibleServiceSpec,
+  BundleStep,
+  ContainerdSpec,
+  KubeletSpec,
+  KubernetesApiProxySpec,
+  NodeUserSpec,
+  RegistryPackageRef,
+  SpecOf,
+} from "../../bundles/types.ts";
 
 export interface CatalogueInput {
   users: NodeUserSpec[];
@@ -10,14 +19,32 @@ export interface CatalogueInput {
   registryCA?: string | undefined;
   packages: RegistryPackageRef[];
   scripts: { name: string; weight: number; script: string; bundles: string[] }[];
+  /** Present when the group's nodes run a kubelet (the API proxy serves it). */
+  apiProxy?: KubernetesApiProxySpec;
+  /** Absent for cri.type NotManaged or without a containerd package. */
+  containerd?: ContainerdSpec;
+  kubelet?: KubeletSpec;
+  kubeletStart?: SpecOf<"KubeletStart">;
+  agent?: BashibleServiceSpec;
 }
 
-/** Built-in steps by name. Custom scripts may not take these names. */
+/**
+ * Built-in steps by name (Deckhouse's numbers, so NodeGroupConfiguration weights order against
+ * them as there). The API proxy is a 000_* step: those run before the update approval, so a
+ * changed set of API servers reaches the node without waiting for one (Deckhouse sorts its
+ * 001_configure_kubernetes_api_proxy before its approval step for the same reason).
+ * Custom scripts may not take these names.
+ */
 export const BUILTIN_STEPS = {
+  apiProxy: "000_configure_kubernetes_api_proxy",
   nodeUsers: "000_node_users",
   caCertificates: "003_ca_certificates",
   deckhousePath: "004_deckhouse_path",
   registryPackages: "007_registry_packages",
+  containerd: "032_configure_containerd",
+  kubelet: "064_configure_kubelet",
+  kubeletStart: "069_start_kubelet",
+  agent: "080_setup_bashible_service",
 } as const;
 
 export const BUILTIN_STEP_NAMES: ReadonlySet<string> = new Set(Object.values(BUILTIN_STEPS));
@@ -45,6 +72,13 @@ export function catalogueSteps(input: CatalogueInput): BundleStep[] {
     { name: BUILTIN_STEPS.deckhousePath, kind: "DeckhousePath", spec: {} },
     { name: BUILTIN_STEPS.registryPackages, kind: "RegistryPackages", spec: { packages: input.packages } },
   ];
+  if (input.apiProxy) steps.push({ name: BUILTIN_STEPS.apiProxy, kind: "KubernetesApiProxy", spec: input.apiProxy });
+  if (input.containerd) steps.push({ name: BUILTIN_STEPS.containerd, kind: "Containerd", spec: input.containerd });
+  if (input.kubelet) steps.push({ name: BUILTIN_STEPS.kubelet, kind: "Kubelet", spec: input.kubelet });
+  if (input.kubeletStart) {
+    steps.push({ name: BUILTIN_STEPS.kubeletStart, kind: "KubeletStart", spec: input.kubeletStart });
+  }
+  if (input.agent) steps.push({ name: BUILTIN_STEPS.agent, kind: "BashibleService", spec: input.agent });
   for (const s of input.scripts) {
     const name = scriptStepName(s.weight, s.name);
     const source = `NodeGroupConfiguration/${s.name}`;
