@@ -234,7 +234,7 @@ export async function planKubelet(
     path: CONFIG,
     content: renderConfig(spec, facts),
     mode: 0o644,
-    check: ["sh", asset("steps/checks/kubelet-config.sh"), host.path(BIN), "{}"],
+    check: ["sh", asset("steps/checks/kubelet-config.sh"), host.path(BIN), host.root, "{}"],
   });
   if (config) changes.push(config);
   const problems: Problem[] = [];
