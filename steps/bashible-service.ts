@@ -24,7 +24,6 @@ import type { BashibleServiceSpec, RegistryPackageRef } from "../bundles/types.t
 import type { Host } from "../agent/host/host.ts";
 import { planDir, planFile } from "../agent/host/file-plan.ts";
 import type { PackageChange, Primitive, Problem, Step, StepContext } from "./types.ts";
-import { fetchPackage, fetchPolicy, proxyOf } from "./registry-packages.ts";
 import { planUnit, start, unitCheck, unitPath } from "./lib/units.ts";
 
 const AGENT_DIR = PATHS.agentDir;
@@ -133,6 +132,9 @@ async function planAgentUpdate(
 }
 
 /** Runs a package's install with its own D8_ROOT (the release directory). */
+/** The download and verification of registry packages, loaded only when an update runs (it brings the HTTP client). */
+const packages = () => import("./registry-packages.ts");
+
 async function installInto(
   host: Host,
   ctx: StepContext,
@@ -161,7 +163,7 @@ async function installInto(
         PACKAGE_DIGEST: ref.digest,
         PACKAGE_DIR: workReal,
       },
-      timeoutMs: fetchPolicy.installTimeoutMs,
+      timeoutMs: (await packages()).fetchPolicy.installTimeoutMs,
       logFile: ctx.logFile,
       ...(ctx.signal ? { signal: ctx.signal } : {}),
     });
@@ -236,6 +238,7 @@ async function updateAgent(spec: BashibleServiceSpec, host: Host, ctx: StepConte
   await host.mkdir(RELEASES, { mode: 0o755 });
   if (!(await host.exists(`${release}/${CHECKED}`))) {
     await host.remove(release, { recursive: true });
+    const { fetchPackage, proxyOf } = await packages();
     const archive = await fetchPackage(host, { log: ctx.log, signal: ctx.signal, proxy: proxyOf(ctx) }, ref);
     try {
       await host.mkdir(release, { mode: 0o755 });

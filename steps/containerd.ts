@@ -147,9 +147,10 @@ export function renderHosts(r: ContainerdRegistry, caPath: string | undefined): 
   return `${lines.join("\n")}\n`;
 }
 
-export function renderUnit(stamp: string): string {
+export function renderUnit(stamp: string, v: ContainerdVersion): string {
   return `# Managed by bashible (032_configure_containerd).
 # Binary: ${stamp}
+# Version: ${v.major}.${v.minor} ${v.text}
 [Unit]
 Description=containerd container runtime (Deckhouse node)
 Documentation=https://containerd.io
@@ -207,6 +208,17 @@ async function planConfig(host: Host, spec: ContainerdSpec, content: string): Pr
   return change;
 }
 
+/**
+ * The version the live unit recorded for this very binary (same package digest, or same size and
+ * time): asking the binary again would only repeat it, and costs a process start per plan.
+ */
+async function recordedVersion(host: Host, stamp: string): Promise<ContainerdVersion | undefined> {
+  const text = await host.readText(unitPath(UNIT), 1 << 16);
+  if (!text?.includes(`\n# Binary: ${stamp}\n`)) return undefined;
+  const m = text.match(/^# Version: (\d+)\.(\d+) (\S+)$/m);
+  return m ? { major: Number(m[1]), minor: Number(m[2]), text: m[3] as string } : undefined;
+}
+
 /** The major version the live configuration was written for, from its header. */
 async function configuredMajor(host: Host): Promise<number | undefined> {
   const text = await host.readText(CONFIG, 1 << 20);
@@ -250,7 +262,7 @@ const step: Step<"Containerd"> = {
   kind: "Containerd",
   async plan(spec, host, ctx) {
     const stamp = await binaryStamp(host, BIN, spec.package);
-    const version = await installedVersion(host);
+    const version = (await recordedVersion(host, stamp)) ?? (await installedVersion(host));
     const changes: Primitive[] = [];
     for (const dir of ["/etc/containerd", CONF_D, REGISTRY_DIR]) {
       const c = await planDir(host, dir, { mode: 0o755 });
@@ -265,7 +277,7 @@ const step: Step<"Containerd"> = {
       }
       changes.push(config);
     }
-    const unit = await planUnit(host, UNIT, renderUnit(stamp));
+    const unit = await planUnit(host, UNIT, renderUnit(stamp, version));
     changes.push(...unit.changes);
     // Deckhouse's scripts ask for a restart with containerd-need-restart; the engine reads the flag named after the unit.
     if (await ctx.flags.has(DECKHOUSE_FLAG)) {

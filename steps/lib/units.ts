@@ -21,22 +21,20 @@ export interface UnitState {
   active: boolean;
 }
 
+/** Every unit the built-in steps write is wanted by multi-user.target ([Install] WantedBy=). */
+const WANTS = `${PATHS.unitDir}/multi-user.target.wants`;
+
 /**
- * Whether the unit is enabled and running. In a sandbox tree nothing runs: enablement is read
- * offline, and an enabled unit counts as running (its start was recorded when it was enabled).
+ * Whether the unit is enabled and running. Enabled = the link `systemctl enable` makes for
+ * WantedBy=multi-user.target exists (read, not asked: no process on a converged node). Running is
+ * asked of systemd on "/"; in a sandbox tree nothing runs, and an enabled unit counts as running
+ * (its start was recorded when it was enabled).
  */
 export async function unitState(host: Host, unit: string): Promise<UnitState> {
-  if (host.sandbox) {
-    const r = await host.systemctl("is-enabled", unit);
-    const enabled = r.exitCode === 0 && /^enabled/m.test(r.stdout);
-    return { enabled, active: enabled };
-  }
-  const r = await host.run(["systemctl", "show", "--property=ActiveState,UnitFileState", "--", unit]);
-  const prop = (k: string) => r.stdout.match(new RegExp(`^${k}=(.*)$`, "m"))?.[1] ?? "";
-  return {
-    enabled: /^enabled/.test(prop("UnitFileState")),
-    active: ["active", "activating", "reloading"].includes(prop("ActiveState")),
-  };
+  const enabled = (await host.stat(`${WANTS}/${unit}`))?.isSymlink === true;
+  if (host.sandbox) return { enabled, active: enabled };
+  const r = await host.run(["systemctl", "is-active", "--", unit]);
+  return { enabled, active: ["active", "activating", "reloading"].includes(r.stdout.trim()) };
 }
 
 export interface UnitPlan {
