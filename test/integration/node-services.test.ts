@@ -208,22 +208,32 @@ t.test(
     });
     const before = await pids();
 
-    // The daemon converges each new bundle (it watches the file); the test waits for it to apply.
+    // The daemon converges each new bundle (it watches the file); the test waits for the run that
+    // started after the write to finish.
     const converge = async (b: NodeGroupBundle) => {
+      const since = Date.now();
       await node.writeFile("/root/bundle.json", JSON.stringify(b));
       return until(`the daemon to apply ${b.checksum.slice(0, 12)}`, 120_000, async () => {
         const s = await status(node);
-        if (s.lastRun?.checksum === b.checksum && s.lastRun.outcome === "failed")
-          throw new Error(JSON.stringify(s.lastRun));
-        return s.appliedChecksum === b.checksum && s;
+        const run = s.lastRun;
+        if (!run || run.checksum !== b.checksum || Date.parse(run.finishedAt) < since) return false;
+        if (run.outcome !== "applied" && run.outcome !== "in-sync") throw new Error(JSON.stringify(run));
+        return s;
       });
     };
-
-    // New upstreams: nginx reloads (same main process) and serves b; nothing else moves.
     const nginxReloads = async () =>
       (await node.exec(["journalctl", "-q", "-u", "kubernetes-api-proxy.service", "-g", "Reload"])).stdout
         .split("\n")
         .filter(Boolean).length;
+
+    // A forced run (configuration_checksum removed) finds nothing to do: nothing restarts or reloads.
+    const reloadsAtStart = await nginxReloads();
+    await node.mustExec(["rm", "-f", PATHS.configurationChecksum]);
+    t.equal((await converge(v1)).lastRun?.outcome, "applied", "the forced run went through");
+    t.same(await pids(), before, "and restarted nothing");
+    t.equal(await nginxReloads(), reloadsAtStart, "and reloaded nothing");
+
+    // New upstreams: nginx reloads (same main process) and serves b; nothing else moves.
     const reloadsBefore = await nginxReloads();
     const v2 = bundle({ upstreams: [b.endpoint], sandboxImage: "registry.example.test/pause:3.10" });
     await converge(v2);
