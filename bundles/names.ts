@@ -44,6 +44,25 @@ export const EVENTS = {
   earlyOomKilled: "EarlyOOMKilled",
 } as const;
 
+/**
+ * Built-in step names: Deckhouse's, so NodeGroupConfiguration weights order custom scripts
+ * against them as they do in Deckhouse, and a custom script cannot take one. The API proxy is a
+ * 000_* step: those run before the update approval, so a changed set of API servers reaches the
+ * node without waiting for one (Deckhouse sorts its 001_configure_kubernetes_api_proxy before its
+ * approval step for the same reason).
+ */
+export const BUILTIN_STEPS = {
+  nodeUsers: "000_add_node_users",
+  apiProxy: "000_configure_kubernetes_api_proxy",
+  caCertificates: "003_install_ca_certificates",
+  deckhousePath: "004_add_deckhouse_paths",
+  registryPackages: "007_fetch_registry_packages",
+  containerd: "032_configure_containerd",
+  kubelet: "064_configure_kubelet",
+  kubeletStart: "069_start_kubelet",
+  agent: "080_setup_bashible_service",
+} as const;
+
 /** systemd units the built-in steps manage. */
 export const UNITS = {
   agent: "bashible.service",

@@ -1,5 +1,10 @@
-// Which bundle family an OS belongs to, from /etc/os-release ID. Steps read paths and
-// commands from the family's data instead of branching on distributions.
+// Which bundle an OS belongs to, from /etc/os-release ID, in two vocabularies:
+// - the family (debian | rhel | altlinux): steps read paths and commands from the family's data
+//   instead of branching on distributions;
+// - Deckhouse's bundle names (ubuntu-lts, debian, centos, …): what NodeGroupConfiguration
+//   `spec.bundles`, a script's `$BUNDLE` and `bb-is-bundle` speak. This map is the contract: the
+//   bundle server validates spec.bundles against it, the agent's Script step picks `$BUNDLE` from
+//   it, and steps/bashbooster/bashbooster.sh carries the same table (a test keeps them equal).
 
 export type BundleFamily = "debian" | "rhel" | "altlinux";
 
@@ -57,4 +62,67 @@ export function parseOsRelease(text: string): Record<string, string> {
     out[line.slice(0, eq)] = value;
   }
   return out;
+}
+
+/** Deckhouse's bundle names, as NodeGroupConfiguration `spec.bundles` takes them (plus `*`). */
+export const DECKHOUSE_BUNDLES = [
+  "ubuntu-lts",
+  "debian",
+  "astra",
+  "centos",
+  "redos",
+  "rosa",
+  "opensuse",
+  "altlinux",
+] as const;
+export type DeckhouseBundle = (typeof DECKHOUSE_BUNDLES)[number];
+
+/** Deckhouse's family names, as `bb-is-family` prints them (suse has no agent support yet). */
+export type DeckhouseFamily = "debian" | "rhel" | "suse" | "altlinux";
+
+export interface DeckhouseOs {
+  bundle: DeckhouseBundle;
+  family: DeckhouseFamily;
+  /** What `bb-pkg-mgr` prints. */
+  packageManager: "apt" | "dnf" | "zypper" | "apt-rpm";
+}
+
+const apt = (bundle: DeckhouseBundle): DeckhouseOs => ({ bundle, family: "debian", packageManager: "apt" });
+const dnf = (bundle: DeckhouseBundle): DeckhouseOs => ({ bundle, family: "rhel", packageManager: "dnf" });
+const zypper: DeckhouseOs = { bundle: "opensuse", family: "suse", packageManager: "zypper" };
+
+/** os-release ID → Deckhouse bundle (Deckhouse's candi/version_map.yml `bashible.os`). */
+export const DECKHOUSE_OS_BY_ID: Readonly<Record<string, DeckhouseOs>> = {
+  ubuntu: apt("ubuntu-lts"),
+  debian: apt("debian"),
+  astra: apt("astra"),
+  centos: dnf("centos"),
+  rocky: dnf("centos"),
+  almalinux: dnf("centos"),
+  rhel: dnf("centos"),
+  ol: dnf("centos"),
+  redos: dnf("redos"),
+  rosa: dnf("rosa"),
+  rels: dnf("rosa"),
+  "opensuse-leap": zypper,
+  "mosos-arbat": zypper,
+  altlinux: { bundle: "altlinux", family: "altlinux", packageManager: "apt-rpm" },
+};
+
+/** The Deckhouse bundle of an os-release ID; undefined for an OS Deckhouse has no bundle for. */
+export function deckhouseOsOf(osId: string): DeckhouseOs | undefined {
+  return Object.hasOwn(DECKHOUSE_OS_BY_ID, osId.toLowerCase()) ? DECKHOUSE_OS_BY_ID[osId.toLowerCase()] : undefined;
+}
+
+export const isDeckhouseBundle = (name: string): name is DeckhouseBundle =>
+  (DECKHOUSE_BUNDLES as readonly string[]).includes(name);
+
+/**
+ * Whether a NodeGroupConfiguration with these `spec.bundles` runs on this OS: an empty list or
+ * `*` selects every OS, otherwise the OS's Deckhouse bundle must be listed.
+ */
+export function bundlesSelect(bundles: readonly string[], osId: string): boolean {
+  if (!bundles.length || bundles.includes("*")) return true;
+  const os = deckhouseOsOf(osId);
+  return os !== undefined && bundles.includes(os.bundle);
 }

@@ -18,6 +18,10 @@ export const PATHS = {
   bundles: `${STATE_DIR}/bundles`,
   /** Each custom script's last success (content hash, boot id, epoch): scripts/<step>.json. */
   scripts: `${STATE_DIR}/scripts`,
+  /** The bundle the current (or last) run applies, for helpers scripts call (0600: tokens). */
+  runBundle: `${STATE_DIR}/run-bundle.json`,
+  /** The agent as scripts call it (bb-package-install, disruption approval). */
+  agentWrapper: `${STATE_DIR}/bin/bashible`,
   /** Deckhouse's flag directory: bb-flag-set writes here, the engine reads it. */
   flags: `${STATE_DIR}/.bb-workspace/flag`,
   /** Files corrupt state was moved to (`<name>.corrupt-<time>`), kept for a person to read. */
@@ -111,3 +115,11 @@ export const CLEANUP_PATHS = [
   ...ALL_PROFILE_DROP_INS,
   NODE_USERS.sudoersDropIn,
 ];
+
+/**
+ * The repository a registry package is pulled from when none is named: `<registry path>/packages`,
+ * a path in the registry the proxy pulls from (the proxy knows the registry's address).
+ */
+export function defaultPackageRepository(registry: { path: string } | undefined): string | undefined {
+  return registry ? `${registry.path.replace(/^\/+|\/+$/g, "")}/packages` : undefined;
+}

@@ -199,6 +199,14 @@ export const BUNDLE_CONTEXT = obj({
   /** PEM of the cluster CA ("" in local mode without a cluster). */
   clusterCA: str({ max: 256 * 1024 }),
   registry: opt(obj({ address: str({ max: 256 }), path: str({ max: 512 }), ca: opt(str({ max: 256 * 1024 })) })),
+  /** The cluster's HTTP(S) proxy, if any: what `bb-set-proxy` exports in scripts. */
+  proxy: opt(
+    obj({
+      httpProxy: opt(str({ max: 2048 })),
+      httpsProxy: opt(str({ max: 2048 })),
+      noProxy: opt(arr(str({ max: 1024 }), { max: 256 })),
+    }),
+  ),
   packagesProxy: obj({
     /** host:port of registry-packages-proxy instances. */
     endpoints: arr(str({ pattern: ENDPOINT, what: "host:port" }), { max: 64 }),

@@ -4,6 +4,7 @@
 import { X509Certificate } from "node:crypto";
 import type { KubeClient } from "../lib/kube/client.ts";
 import { createEvent } from "../lib/kube/api.ts";
+import { isNotFound } from "../lib/kube/errors.ts";
 import type { Logger } from "../lib/log/log.ts";
 import { reconcileBootstrapSecrets } from "./bootstrap-secrets.ts";
 import { NAMESPACE, writeChecksums } from "./checksums.ts";
@@ -52,6 +53,46 @@ const splitPems = (pems: Buffer[]): X509Certificate[] =>
     ),
   );
 
+/**
+ * A NodeGroupConfiguration's render state on itself: `status.error` and `status.failedNodeGroups`
+ * (cleared when it renders again) and an Event, so `kubectl describe ngc <name>` names the error.
+ */
+async function reportConfiguration(
+  kube: KubeClient,
+  source: Source,
+  name: string,
+  error: string | undefined,
+  groups: readonly string[],
+  nowMs: number,
+): Promise<void> {
+  const ngc = source.snapshot().inputs.configurations.find((c) => c.metadata.name === name);
+  const status = error
+    ? { error: error.slice(0, 4000), failedNodeGroups: [...groups], lastTransitionTime: new Date(nowMs).toISOString() }
+    : { error: null, failedNodeGroups: null, lastTransitionTime: new Date(nowMs).toISOString() };
+  try {
+    await kube.request(
+      "PATCH",
+      `/apis/deckhouse.io/v1alpha1/nodegroupconfigurations/${encodeURIComponent(name)}/status`,
+      {
+        body: { status },
+      },
+    );
+  } catch (err) {
+    // Deckhouse's own CRD has no status subresource (404): the Event below still tells.
+    if (!isNotFound(err)) throw err;
+  }
+  await createEvent(kube, {
+    namespace: "default",
+    involved: { kind: "NodeGroupConfiguration", name, apiVersion: "deckhouse.io/v1alpha1", uid: ngc?.metadata.uid },
+    reason: error ? "BashibleRenderFailed" : "BashibleRenderSucceeded",
+    type: error ? "Warning" : "Normal",
+    message: error
+      ? `${error}; node groups ${groups.join(", ")} keep their last good bundle`.slice(0, 1000)
+      : "renders again; the node groups it selects get their new bundles",
+    component: "bashible-server",
+  });
+}
+
 export async function startBundleServer(o: AppOptions): Promise<App> {
   const { log } = o;
   const namespace = o.namespace ?? NAMESPACE;
@@ -89,6 +130,7 @@ export async function startBundleServer(o: AppOptions): Promise<App> {
           },
           onRendered: (inputs, served) =>
             reconcileBootstrapSecrets(kube, inputs, served, { now: now(), log, namespace }),
+          onConfigurationError: (name, error, groups) => reportConfiguration(kube, source, name, error, groups, now()),
         }
       : {},
   );
@@ -112,6 +154,7 @@ export async function startBundleServer(o: AppOptions): Promise<App> {
       log,
       auth: { requestHeaderCAs, allowedNames: o.requestHeader?.allowedNames ?? [], clientCAs },
       nodeGroupOf: (n) => source.nodeGroupOf(n),
+      ...(source.tokenGroupOf ? { tokenGroupOf: (id: string) => source.tokenGroupOf!(id) } : {}),
       ready: () => firstPass,
       cert: o.tls.cert,
       key: o.tls.key,

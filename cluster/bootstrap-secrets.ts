@@ -1,9 +1,11 @@
 // Manual bootstrap for Static and CloudStatic groups: Secret
 // d8-cloud-instance-manager/manual-bootstrap-for-<group> with bootstrap.sh, cloud-config and
-// apiserverEndpoints, carrying a bootstrap token scoped to the group (auth-extra-groups
-// system:bootstrappers:d8-node-manager:<group>, so it reads only bootstrap/<group>). Tokens
-// live 4 hours and are replaced once less than 3 hours remain, so a copied Secret always
-// has at least 3 hours left.
+// apiserverEndpoints, carrying a bootstrap token made as Deckhouse makes them (label
+// node-manager.deckhouse.io/node-group=<group>, extra group system:bootstrappers:d8-node-manager,
+// usable for authentication and signing) plus one more extra group,
+// system:bootstrappers:d8-node-manager:<group>, which scopes it: the bundle server lets it read
+// only <group> (cluster/server/auth.ts). Tokens live 4 hours and are replaced once less than 3
+// hours remain, so a copied Secret always has at least 3 hours left; expired ones are deleted.
 import { randomBytes } from "node:crypto";
 import { stringify } from "yaml";
 import type { KubeClient } from "../lib/kube/client.ts";
@@ -14,11 +16,15 @@ import { NAMESPACE } from "./checksums.ts";
 import type { RenderInputs } from "./render/inputs.ts";
 import type { RenderedGroup } from "./render/render.ts";
 import { renderTemplate } from "./render/templates.ts";
-import { BOOTSTRAP_GROUP_PREFIX } from "./server/auth.ts";
+import { BOOTSTRAP_GROUP, BOOTSTRAP_GROUP_PREFIX } from "./server/auth.ts";
 
 export const TOKEN_TTL_MS = 4 * 3600_000;
 export const TOKEN_RENEW_BELOW_MS = 3 * 3600_000;
-const TOKEN_GROUP_LABEL = "bashible.deckhouse.io/bootstrap-token-for";
+/** Deckhouse's label naming a bootstrap token's node group. */
+export const BOOTSTRAP_TOKEN_GROUP_LABEL = "node-manager.deckhouse.io/node-group";
+/** The label this project used before it took Deckhouse's; its expired tokens are deleted too. */
+const LEGACY_TOKEN_GROUP_LABEL = "bashible.deckhouse.io/bootstrap-token-for";
+const TOKEN_TYPE = "bootstrap.kubernetes.io/token";
 const MANAGED_LABEL = "bashible.deckhouse.io/manual-bootstrap";
 const MANUAL_TYPES = new Set(["Static", "CloudStatic"]);
 
@@ -36,17 +42,62 @@ interface GroupToken {
   expiration: string;
 }
 
-/** A valid token for the group with ≥ 3 h left, creating a fresh 4 h one when needed. */
-export async function ensureGroupToken(client: KubeClient, group: string, now: number): Promise<GroupToken> {
-  const existing = await list(client, "/api/v1/namespaces/kube-system/secrets", {
-    labelSelector: `${TOKEN_GROUP_LABEL}=${group}`,
-  });
-  const usable = existing.items
-    .map((s) => {
+interface TokenSecret {
+  name: string;
+  group: string;
+  id: string;
+  secret: string;
+  expiration: string;
+}
+
+/** Bootstrap token Secrets labelled with a node group (Deckhouse's label or our old one). */
+async function listGroupTokens(client: KubeClient): Promise<TokenSecret[]> {
+  const out: TokenSecret[] = [];
+  for (const label of [BOOTSTRAP_TOKEN_GROUP_LABEL, LEGACY_TOKEN_GROUP_LABEL]) {
+    const l = await list(client, "/api/v1/namespaces/kube-system/secrets", { labelSelector: label });
+    for (const s of l.items) {
+      if ((s as { type?: string }).type !== TOKEN_TYPE) continue;
       const d = (s.data ?? {}) as Record<string, string>;
-      return { id: decode(d["token-id"]), secret: decode(d["token-secret"]), expiration: decode(d.expiration) };
-    })
-    .filter((t) => t.id && t.secret && Date.parse(t.expiration) - now >= TOKEN_RENEW_BELOW_MS)
+      out.push({
+        name: s.metadata.name,
+        group: s.metadata.labels?.[label] ?? "",
+        id: decode(d["token-id"]),
+        secret: decode(d["token-secret"]),
+        expiration: decode(d.expiration),
+      });
+    }
+  }
+  return out;
+}
+
+/** Deletes every group token whose expiration has passed (as Deckhouse's hook does); returns the rest. */
+export async function pruneExpiredTokens(client: KubeClient, now: number, log?: Logger): Promise<TokenSecret[]> {
+  const live: TokenSecret[] = [];
+  for (const t of await listGroupTokens(client)) {
+    const expires = Date.parse(t.expiration);
+    if (Number.isFinite(expires) && expires <= now) {
+      await client.request("DELETE", `/api/v1/namespaces/kube-system/secrets/${t.name}`).catch((err) => {
+        if (!isNotFound(err)) throw err;
+      });
+      log?.info(
+        { group: t.group, secret: `kube-system/${t.name}`, expired: t.expiration },
+        "expired bootstrap token deleted",
+      );
+    } else live.push(t);
+  }
+  return live;
+}
+
+/** A valid token for the group with ≥ 3 h left, creating a fresh 4 h one when needed. */
+export async function ensureGroupToken(
+  client: KubeClient,
+  group: string,
+  now: number,
+  known?: readonly TokenSecret[],
+): Promise<GroupToken> {
+  const tokens = known ?? (await listGroupTokens(client));
+  const usable = tokens
+    .filter((t) => t.group === group && t.id && t.secret && Date.parse(t.expiration) - now >= TOKEN_RENEW_BELOW_MS)
     .sort((a, b) => Date.parse(b.expiration) - Date.parse(a.expiration))[0];
   if (usable) return { token: `${usable.id}.${usable.secret}`, expiration: usable.expiration };
   const id = alnum(6);
@@ -55,15 +106,20 @@ export async function ensureGroupToken(client: KubeClient, group: string, now: n
   await createSecret(client, {
     apiVersion: "v1",
     kind: "Secret",
-    type: "bootstrap.kubernetes.io/token",
-    metadata: { name: `bootstrap-token-${id}`, namespace: "kube-system", labels: { [TOKEN_GROUP_LABEL]: group } },
+    type: TOKEN_TYPE,
+    metadata: {
+      name: `bootstrap-token-${id}`,
+      namespace: "kube-system",
+      labels: { heritage: "bashible", [BOOTSTRAP_TOKEN_GROUP_LABEL]: group },
+    },
     stringData: {
       description: `bashible: manual bootstrap of node group ${group}`,
       "token-id": id,
       "token-secret": secret,
       expiration,
       "usage-bootstrap-authentication": "true",
-      "auth-extra-groups": `${BOOTSTRAP_GROUP_PREFIX}${group}`,
+      "usage-bootstrap-signing": "true",
+      "auth-extra-groups": `${BOOTSTRAP_GROUP},${BOOTSTRAP_GROUP_PREFIX}${group}`,
     },
   });
   return { token: `${id}.${secret}`, expiration };
@@ -104,8 +160,9 @@ export async function reconcileBootstrapSecrets(
   const wanted = inputs.nodeGroups
     .filter((g) => MANUAL_TYPES.has(g.spec?.nodeType) && served.has(g.metadata.name))
     .map((g) => g.metadata.name);
+  const tokens = await pruneExpiredTokens(client, opts.now, opts.log);
   for (const group of wanted) {
-    const token = await ensureGroupToken(client, group, opts.now);
+    const token = await ensureGroupToken(client, group, opts.now, tokens);
     const data = manualBootstrapData(group, inputs.context, token);
     const encoded = Object.fromEntries(Object.entries(data).map(([k, v]) => [k, b64(v)]));
     const name = manualBootstrapSecretName(group);

@@ -49,9 +49,13 @@ Inputs (one of):
       --config-dir DIR        YAML/JSON files with those objects, Node objects and a ClusterContext
                               (default when no cluster is given: the bundled examples/cluster)
       --kubeconfig FILE       list + watch them through the Kubernetes API; context from Secret
-                              ${NAMESPACE}/bashible-server-context, key context.yaml
+                              ${NAMESPACE}/bashible-apiserver-context, key input.yaml
+                              (or the older bashible-server-context, key context.yaml)
       --in-cluster            the same with the pod's service account
-      --install-crds          install or update the deckhouse.io CRDs first (needs --kubeconfig)
+      --install-crds          install or update the deckhouse.io CRDs first (needs --kubeconfig);
+                              refuses, changing nothing, if one exists that it did not install
+                              (no label heritage=bashible, e.g. Deckhouse's)
+      --force-crds            with --install-crds: replace such CRDs too
       --no-manage-secrets     with a cluster: do not write checksums/bootstrap Secrets or Events
 
 Serving:
@@ -75,6 +79,7 @@ See docs/cluster.md for the formats and the authorization model.`,
     kubeconfig: { type: "string" },
     "in-cluster": { type: "boolean" },
     "install-crds": { type: "boolean" },
+    "force-crds": { type: "boolean" },
     "no-manage-secrets": { type: "boolean" },
     namespace: { type: "string" },
     address: { type: "string" },
@@ -105,9 +110,10 @@ See docs/cluster.md for the formats and the authorization model.`,
     else if (v["in-cluster"]) kube = new KubeClient(await inClusterConnection(), { userAgent: "bashible-server" });
     const configDir = str("config-dir") ?? (kube ? undefined : asset("examples/cluster"));
     if (configDir && !existsSync(configDir)) throw new UsageError(`--config-dir ${configDir} does not exist`);
+    if (v["force-crds"] && !v["install-crds"]) throw new UsageError("--force-crds goes with --install-crds");
     if (v["install-crds"]) {
       if (!kube) throw new UsageError("--install-crds needs --kubeconfig or --in-cluster");
-      await installCrds(kube);
+      await installCrds(kube, { force: v["force-crds"] === true });
       log.info("CRDs installed");
     }
 

@@ -1,11 +1,13 @@
 // Keeps the served bundles in step with the inputs: re-renders when a source reports a change
 // or a group's update epoch ends, publishes what changed, and hands the checksums on. A group
 // whose render fails keeps serving its last good objects (and its checksum stays), and the
-// failure is reported: a log line, a metric, and a Warning Event on the NodeGroup.
+// failure is reported: a log line, a metric, and a Warning Event on the NodeGroup. A broken
+// NodeGroupConfiguration is reported on itself too (status and Event, through a hook), with the
+// groups it holds back; groups it does not select render as usual.
 import type { Logger } from "../lib/log/log.ts";
 import { RenderError } from "./render/errors.ts";
 import type { RenderInputs } from "./render/inputs.ts";
-import { renderAll, type RenderedGroup } from "./render/render.ts";
+import { renderAll, selects, type RenderedGroup } from "./render/render.ts";
 import type { Metrics } from "./server/metrics.ts";
 import type { BundleStore } from "./server/store.ts";
 import type { Source } from "./sources/types.ts";
@@ -17,7 +19,15 @@ export interface RenderLoopHooks {
   onRenderError?: (group: string, err: RenderError) => Promise<void>;
   /** Called after each pass with the rendered inputs (bootstrap Secrets). */
   onRendered?: (inputs: RenderInputs, served: ReadonlyMap<string, RenderedGroup>) => Promise<void>;
+  /**
+   * A NodeGroupConfiguration started failing or its error changed (`error` set; `groups`: the
+   * groups it selects that keep their last good bundle because of it), or it renders again
+   * (`error` undefined). Called once per change.
+   */
+  onConfigurationError?: (name: string, error: string | undefined, groups: readonly string[]) => Promise<void>;
 }
+
+const NGC_PREFIX = "NodeGroupConfiguration/";
 
 export class RenderLoop {
   private readonly source: Source;
@@ -28,6 +38,8 @@ export class RenderLoop {
   private readonly now: () => number;
   private readonly served = new Map<string, RenderedGroup>();
   private readonly reported = new Map<string, string>();
+  /** NodeGroupConfiguration name → what was last reported about it. */
+  private readonly configurationReported = new Map<string, string>();
   private lastChecksums = "";
   private running: Promise<void> | undefined;
   private again = false;
@@ -102,6 +114,7 @@ export class RenderLoop {
         .onRenderError?.(group, err)
         .catch((e: Error) => this.log.warn({ group, err: e.message }, "cannot report the render failure as an Event"));
     }
+    await this.reportConfigurations(full, result.groups, result.errors);
     const removed = [...this.served.keys()].filter((g) => !present.has(g));
     for (const g of removed) {
       this.served.delete(g);
@@ -128,6 +141,63 @@ export class RenderLoop {
       this.trigger(30_000);
     });
     this.scheduleEpoch([...result.groups.values()]);
+  }
+
+  private async reportConfigurations(
+    inputs: RenderInputs,
+    rendered: ReadonlyMap<string, RenderedGroup>,
+    errors: ReadonlyMap<string, RenderError>,
+  ): Promise<void> {
+    const failing = new Map<string, { messages: Set<string>; groups: string[] }>();
+    for (const [group, err] of errors) {
+      for (const cause of err.causes) {
+        if (!cause.object.startsWith(NGC_PREFIX)) continue;
+        const name = cause.object.slice(NGC_PREFIX.length);
+        const entry = failing.get(name) ?? { messages: new Set<string>(), groups: [] };
+        entry.messages.add(cause.message);
+        entry.groups.push(group);
+        failing.set(name, entry);
+      }
+    }
+    const call = async (name: string, error: string | undefined, groups: string[]) => {
+      await this.hooks
+        .onConfigurationError?.(name, error, groups)
+        .catch((e: Error) =>
+          this.log.warn({ configuration: name, err: e.message }, "cannot report the NodeGroupConfiguration's state"),
+        );
+    };
+    for (const [name, f] of failing) {
+      const groups = [...new Set(f.groups)].sort();
+      const message = [...f.messages].sort().join("; ");
+      const key = JSON.stringify([message, groups]);
+      if (this.configurationReported.get(name) === key) continue;
+      this.configurationReported.set(name, key);
+      this.log.error(
+        { configuration: name, groups },
+        `${message}; node groups ${groups.join(", ")} keep their last good bundle`,
+      );
+      await call(name, message, groups);
+    }
+    for (const name of [...this.configurationReported.keys()]) {
+      if (failing.has(name)) continue;
+      const ngc = inputs.configurations.find((c) => c.metadata?.name === name);
+      if (!ngc) {
+        this.configurationReported.delete(name); // deleted: nothing left to report on
+        continue;
+      }
+      // Cleared only when known good: it rendered into some group, or no group it selects failed
+      // (a group failing for another reason never got as far as this script).
+      const selected = inputs.nodeGroups.filter((g) => selects(ngc.spec?.nodeGroups, g.metadata.name));
+      const renderedSomewhere = selected.some((g) =>
+        rendered
+          .get(g.metadata.name)
+          ?.bundle.steps.some((st) => st.kind === "Script" && st.spec.source === `${NGC_PREFIX}${name}`),
+      );
+      if (!renderedSomewhere && selected.some((g) => errors.has(g.metadata.name))) continue;
+      this.configurationReported.delete(name);
+      this.log.info({ configuration: name }, `NodeGroupConfiguration ${name} renders again`);
+      await call(name, undefined, []);
+    }
   }
 
   /** Re-render when the earliest group's update epoch ends (the 4-hourly forced re-run). */

@@ -24,6 +24,7 @@ export const SHIPPED_ASSETS = [
   "cluster/render/templates",
   "cluster/crds",
   "examples/cluster",
+  "steps/bashbooster",
   "systemd",
   "steps/checks",
 ];

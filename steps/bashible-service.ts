@@ -149,6 +149,7 @@ async function installInto(
     const workReal = await host.fs.realPath(work);
     await host.mustRun(["tar", "-xzf", await host.fs.realPath(archive), "-C", workReal, "--no-same-owner"], {
       logFile: ctx.logFile,
+      secrets: ctx.secrets,
     });
     if (!(await host.stat(`${work}/install`))?.isFile) {
       throw new Error(
@@ -165,6 +166,7 @@ async function installInto(
       },
       timeoutMs: (await packages()).fetchPolicy.installTimeoutMs,
       logFile: ctx.logFile,
+      secrets: ctx.secrets,
       ...(ctx.signal ? { signal: ctx.signal } : {}),
     });
   } finally {
@@ -183,6 +185,7 @@ async function checkRelease(host: Host, ctx: StepContext, release: string): Prom
   const version = await host.run([bin, "version"], {
     timeoutMs: 60_000,
     logFile: ctx.logFile,
+    secrets: ctx.secrets,
     ...(ctx.signal ? { signal: ctx.signal } : {}),
   });
   if (version.exitCode !== 0 || version.killed) {
@@ -208,7 +211,12 @@ async function checkRelease(host: Host, ctx: StepContext, release: string): Prom
         "--log-level",
         "error",
       ],
-      { timeoutMs: 5 * 60_000, logFile: ctx.logFile, ...(ctx.signal ? { signal: ctx.signal } : {}) },
+      {
+        timeoutMs: 5 * 60_000,
+        logFile: ctx.logFile,
+        secrets: ctx.secrets,
+        ...(ctx.signal ? { signal: ctx.signal } : {}),
+      },
     );
     // 0: in sync, 2: changes pending (this very update, at least). 1: it could not plan.
     if ((plan.exitCode !== 0 && plan.exitCode !== 2) || plan.killed) {

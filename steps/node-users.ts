@@ -330,9 +330,13 @@ const step: Step<"NodeUsers", Primitive | UserChange> = {
         const hash = wantedPassword(user);
         const argv = cmd.argv.map((a) => (a === PASSWORD_PLACEHOLDER ? hash : a));
         const input = argv.includes(hash) ? undefined : `${user.name}:${hash}\n`;
-        await host.mustRun(argv, { ...(input ? { input } : {}), secrets: [hash], logFile: ctx.logFile });
+        await host.mustRun(argv, {
+          ...(input ? { input } : {}),
+          secrets: [...ctx.secrets, hash],
+          logFile: ctx.logFile,
+        });
       } else {
-        await host.mustRun(cmd.argv, { logFile: ctx.logFile });
+        await host.mustRun(cmd.argv, { logFile: ctx.logFile, secrets: ctx.secrets });
       }
     }
   },

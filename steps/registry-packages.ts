@@ -233,7 +233,7 @@ function packageEnv(host: Host, name: string, digest: string, realDir: string): 
 
 export async function installPackage(
   host: Host,
-  ctx: { logFile?: string; signal?: AbortSignal },
+  ctx: { logFile?: string; signal?: AbortSignal; secrets?: string[] },
   ref: RegistryPackageRef,
   archive: string,
 ): Promise<void> {

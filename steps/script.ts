@@ -1,6 +1,7 @@
 // Custom NodeGroupConfiguration steps: bash scripts, run in weight order, as Deckhouse runs
 // them. The script is written to /var/lib/bashible/bundle_steps/<step> and sourced by
-// `bash --noprofile --norc -eEo pipefail` after the bash helper library, so `return 0` ends it
+// `bash --noprofile --norc -eEo pipefail` after the bash helper library (our own implementation
+// of Deckhouse's bashbooster: steps/bashbooster/, docs/deckhouse-compatibility.md), so `return 0` ends it
 // and a command reading stdin gets end-of-file instead of the rest of the script. Output streams
 // to the step log and the journal line by line.
 //
@@ -8,7 +9,10 @@
 // the group's 4-hour update epoch moved on (Deckhouse re-runs everything then to repair drift),
 // or a full run is forced (configuration_checksum removed); otherwise the plan says
 // "unchanged" and nothing runs. Scripts must be idempotent.
+import { readFile } from "node:fs/promises";
 import { sha256Hex } from "../bundles/checksum.ts";
+import { bundlesSelect, deckhouseOsOf } from "../bundles/os-families.ts";
+import { asset } from "../lib/assets.ts";
 import { PATHS, STATE_DIR } from "../bundles/paths.ts";
 import { CommandError, type Host } from "../agent/host/host.ts";
 import type { ScriptSpec } from "../bundles/types.ts";
@@ -61,15 +65,36 @@ export function scriptEnv(host: Host, ctx: StepContext): Record<string, string> 
     LC_ALL: "C",
     LC_NUMERIC: "C",
     PATH: `${host.path(PATHS.binDir)}:${systemPath}`,
-    BUNDLE: host.os.family,
+    // Deckhouse's bundle name for this OS (ubuntu-lts, debian, centos, …), as bb-is-bundle says.
+    BUNDLE: deckhouseOsOf(host.os.id)?.bundle ?? "unknown",
+    ...proxyVariables(ctx),
     NODE_NAME: ctx.nodeName,
     BASHIBLE_ROOT: host.root,
     BASHIBLE_STATE_DIR: host.path(STATE_DIR),
     BASHIBLE_STEP: ctx.stepName,
     BASHIBLE_FIRST_RUN: String(ctx.firstRun),
-    BASHIBLE_AGENT: ctx.agentArgv.map((a) => `'${a.replace(/'/g, "'\\''")}'`).join(" "),
+    BASHIBLE_AGENT: host.path(PATHS.agentWrapper),
+    BASHIBLE_BUNDLE_FILE: host.path(PATHS.runBundle),
     KUBERNETES_VERSION: ctx.bundle.context.kubernetesVersion,
   };
+}
+
+/** What bb-set-proxy exports: the cluster's proxy from the bundle. */
+function proxyVariables(ctx: StepContext): Record<string, string> {
+  const p = ctx.bundle.context.proxy;
+  if (!p) return {};
+  return {
+    ...(p.httpProxy ? { BASHIBLE_HTTP_PROXY: p.httpProxy } : {}),
+    ...(p.httpsProxy ? { BASHIBLE_HTTPS_PROXY: p.httpsProxy } : {}),
+    ...(p.noProxy?.length ? { BASHIBLE_NO_PROXY: p.noProxy.join(",") } : {}),
+  };
+}
+
+let library: string | undefined;
+/** The helper library shipped with the agent (steps/bashbooster/bashbooster.sh). */
+async function helperLibrary(): Promise<string> {
+  library ??= await readFile(asset("steps/bashbooster/bashbooster.sh"), "utf8");
+  return library;
 }
 
 const script: Step<"Script", ScriptChange> = {
@@ -77,9 +102,8 @@ const script: Step<"Script", ScriptChange> = {
 
   async plan(spec, host, ctx) {
     const name = ctx.stepName;
-    if (spec.bundles.length && !spec.bundles.includes(host.os.family) && !spec.bundles.includes("*")) {
-      return { changes: [], problems: [] };
-    }
+    // Deckhouse's bundle names (ubuntu-lts, debian, centos, …); a script for another OS is not run.
+    if (!bundlesSelect(spec.bundles, host.os.id)) return { changes: [], problems: [] };
     const want = wantedRecord(spec, ctx);
     const last = await lastSuccess(host, name, ctx);
     let why: string;
@@ -98,7 +122,16 @@ const script: Step<"Script", ScriptChange> = {
     await host.mkdir(STEP_FILES, { mode: 0o700 });
     await host.mkdir(PATHS.tmpDir, { mode: 0o1777 });
     await host.writeFile(file, spec.script, { mode: 0o700 });
-    const helpers = (await host.exists(HELPERS)) ? `source ${quote(host.path(HELPERS))}; ` : "";
+    // The agent as the helpers call it (bb-package-install, disruption approval), on this root.
+    const wrapper = `#!/bin/sh\n# Written by bashible: the agent, for the helpers scripts call.\nexec ${ctx.agentArgv.map(quote).join(" ")} "$@" --root ${quote(host.root)}\n`;
+    if ((await host.readText(PATHS.agentWrapper)) !== wrapper) {
+      await host.mkdir(`${STATE_DIR}/bin`, { mode: 0o700 });
+      await host.writeFile(PATHS.agentWrapper, wrapper, { mode: 0o700 });
+    }
+    // Deckhouse's place for the library; refreshed from the agent's own copy before each script.
+    const lib = await helperLibrary();
+    if ((await host.readText(HELPERS)) !== lib) await host.writeFile(HELPERS, lib, { mode: 0o644 });
+    const helpers = `source ${quote(host.path(HELPERS))}; `;
     const argv = [
       "bash",
       "--noprofile",
@@ -113,6 +146,7 @@ const script: Step<"Script", ScriptChange> = {
       env: scriptEnv(host, ctx),
       cleanEnv: true,
       logFile: ctx.logFile,
+      secrets: ctx.secrets,
       onLine: (stream, line) => log.info({ stream }, line),
       ...(ctx.signal ? { signal: ctx.signal } : {}),
     });

@@ -113,6 +113,8 @@ export interface StepContext {
   flags: Flags;
   /** argv that runs this agent (scripts' helpers call back into it). */
   agentArgv: string[];
+  /** Every secret value of the bundle: output and errors of what a step runs are redacted with them. */
+  secrets: string[];
   signal?: AbortSignal;
 }
 

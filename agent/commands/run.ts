@@ -8,6 +8,7 @@ import { CONVERGE_HELP, CONVERGE_OPTIONS, convergeOptions } from "./converge-opt
 import { spawn } from "node:child_process";
 import type { KubeClient } from "../../lib/kube/client.ts";
 import type { WireConnection } from "./connections.ts";
+import { startResidentJobs, RESIDENT_HELP, RESIDENT_OPTIONS } from "./resident-jobs.ts";
 
 const PASS_THROUGH = [
   "bundle",
@@ -80,9 +81,10 @@ applying within seconds. Stops on SIGTERM/SIGINT.
 
 Options:
       --tick SECONDS      safety-net interval (default 60)
+${RESIDENT_HELP}
 
 ${CONVERGE_HELP}`,
-  options: { ...CONVERGE_OPTIONS, tick: { type: "string" } },
+  options: { ...CONVERGE_OPTIONS, ...RESIDENT_OPTIONS, tick: { type: "string" } },
   takesRoot: true,
   resident: true,
   async run({ values, root, log }) {
@@ -99,25 +101,38 @@ ${CONVERGE_HELP}`,
     const host = new Host(root, { id: "", versionId: "", family: "debian", packageManager: "apt" });
     let clients: KubeClient[] = [];
     if (!opts.bundle || opts.kubeconfig) clients = await connectViaChild(childArgs);
+    const node = await nodeName(host, opts.nodeName);
     const daemon = new Daemon({
       root,
       log,
       childArgs,
       tickMs: tick * 1000,
-      nodeName: await nodeName(host, opts.nodeName),
+      nodeName: node,
       nodeGroup: opts.nodeGroup,
       bundleFile: opts.bundle ? await resolveBundleFile(opts.bundle, opts.nodeGroup) : undefined,
       clients,
-      reconnect: clients.length ? () => connectViaChild(childArgs) : undefined,
+      reconnect: clients.length
+        ? async () => {
+            clients = await connectViaChild(childArgs); // early OOM's pod watch follows the new clients
+            return clients;
+          }
+        : undefined,
     });
+    // Early OOM and the metrics endpoint (--early-oom, --metrics-address).
+    const jobs = await startResidentJobs({ values, root, log, nodeName: node, kube: () => clients[0] });
     for (const sig of ["SIGTERM", "SIGINT"] as const) {
       process.once(sig, () => {
         log.info({ signal: sig }, "stopping");
+        void jobs.stop(); // first, so the pod watch ends before the daemon closes the clients under it
         daemon.stop();
       });
     }
-    await daemon.start();
-    await daemon.done;
+    try {
+      await daemon.start();
+      await daemon.done;
+    } finally {
+      await jobs.stop();
+    }
     return EXIT.ok;
   },
 };

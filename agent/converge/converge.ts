@@ -178,7 +178,7 @@ async function baseContext(s: Session, bundle: NodeGroupBundle, o: ConvergeOptio
     log: o.log,
     kube: s.reporter.kube,
     flags: hostFlags(s.host),
-    agentArgv: agentArgv(["--root", s.host.root]),
+    agentArgv: agentArgv(),
     signal: o.signal,
   };
 }
@@ -326,6 +326,8 @@ async function convergeLocked(s: Session, o: ConvergeOptions): Promise<ConvergeR
   // From here the node is between states: drop the applied checksum first (as Deckhouse does),
   // so a run that is killed or fails is never mistaken for an applied one.
   await host.remove(PATHS.configurationChecksum);
+  // What scripts' helpers (bb-package-install, disruption approval) read: the bundle being applied.
+  await host.writeFile(PATHS.runBundle, JSON.stringify(bundle), { mode: 0o600 });
   await reporter.event(EVENTS.nodeUpdate, `converge to ${checksum.slice(0, 12)} started: ${gate.reason}`);
   const hooks = {
     onStepFailed: (step: { name: string }, message: string, tail: string) =>
@@ -386,7 +388,7 @@ async function convergeLocked(s: Session, o: ConvergeOptions): Promise<ConvergeR
     delete st.failedChecksum;
   });
   await writeAppliedChecksum(host, checksum);
-  await finishRun(host);
+  await finishRun(host, base.flags);
   if (firstRun) await host.remove(PATHS.firstRun);
   const changed = steps.filter((st) => st.outcome === "changed").map((st) => st.name);
 

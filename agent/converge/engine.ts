@@ -9,10 +9,10 @@ import type { Host } from "../host/host.ts";
 import { sleep } from "../../lib/sleep.ts";
 import { isPermanent } from "../../lib/errors.ts";
 import type { BundleStep, NodeGroupBundle } from "../../bundles/types.ts";
-import { stepLogPath } from "../../bundles/paths.ts";
+import { STATE_DIR, stepLogPath } from "../../bundles/paths.ts";
 import { isPrimitive, pathsOf } from "../host/changes.ts";
 import { bindStep, type BoundStep } from "../../steps/index.ts";
-import type { Change, Problem, ServiceChange, ServiceDecl, StepContext } from "../../steps/types.ts";
+import type { Change, Flags, Problem, ServiceChange, ServiceDecl, StepContext } from "../../steps/types.ts";
 import { redact } from "../host/runner.ts";
 import { applyPrimitive } from "./primitives.ts";
 import { FLAG } from "./flags.ts";
@@ -26,7 +26,7 @@ export interface RetryPolicy {
 
 export const DEFAULT_RETRY: RetryPolicy = { intervalMs: 2000, maxAttempts: 10 };
 
-export type BaseContext = Omit<StepContext, "stepName" | "logFile">;
+export type BaseContext = Omit<StepContext, "stepName" | "logFile" | "secrets">;
 
 export interface StepPlan {
   name: string;
@@ -36,8 +36,14 @@ export interface StepPlan {
   error?: string;
 }
 
-function contextFor(step: BundleStep, base: BaseContext): StepContext {
-  return { ...base, stepName: step.name, logFile: stepLogPath(step.name) };
+function contextFor(step: BundleStep, base: BaseContext, secrets: string[]): StepContext {
+  return {
+    ...base,
+    log: base.log.child({ step: step.name }),
+    stepName: step.name,
+    logFile: stepLogPath(step.name),
+    secrets,
+  };
 }
 
 const bind = (step: BundleStep): Promise<BoundStep> => bindStep(step.kind, step.spec);
@@ -78,7 +84,7 @@ export async function planSteps(host: Host, bundle: NodeGroupBundle, base: BaseC
   for (const step of bundle.steps) {
     try {
       const bound = await bind(step);
-      const p = await bound.plan(host, contextFor(step, base));
+      const p = await bound.plan(host, contextFor(step, base, secrets));
       for (const c of p.changes) for (const path of pathsOf(c)) changed.add(path);
       for (const decl of bound.services(host)) {
         const svc = await serviceChange(decl, changed, base);
@@ -161,8 +167,8 @@ export async function applySteps(
     if (base.signal?.aborted) {
       return { ok: false, steps: results, failed: { name: step.name, error: "the run was stopped before this step" } };
     }
-    const ctx = contextFor(step, base);
-    const log = base.log.child({ step: step.name });
+    const ctx = contextFor(step, base, secrets);
+    const log = ctx.log;
     const started = Date.now();
     await host.writeFile(ctx.logFile, `# ${new Date().toISOString()} ${step.name} (${step.kind})\n`, { mode: 0o640 });
     let lastError = "";
@@ -240,7 +246,16 @@ export async function applySteps(
   return { ok: true, steps: results };
 }
 
-/** The run finished: nothing is pending any more. */
-export async function finishRun(host: Host): Promise<void> {
+/** What the script helpers keep between steps of one run (Deckhouse's bb-run-finished clears it). */
+const HELPER_RUN_STATE = [
+  `${STATE_DIR}/bashbooster_unhandled_synced_files`,
+  `${STATE_DIR}/bashbooster_unhandled_packages`,
+];
+const HELPER_RUN_FLAGS = ["apt-updated", "apt-rpm-updated", "yum-updated", "dnf-updated", "zypper-updated"];
+
+/** The run finished: nothing is pending any more (the journal, the helpers' per-run state). */
+export async function finishRun(host: Host, flags: Flags): Promise<void> {
   await (await RunJournal.open(host)).clear();
+  for (const p of HELPER_RUN_STATE) await host.remove(p);
+  for (const f of HELPER_RUN_FLAGS) await flags.unset(f);
 }

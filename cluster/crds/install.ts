@@ -1,5 +1,7 @@
 // Installs the deckhouse.io CRDs (NodeGroup, NodeGroupConfiguration, NodeUser) and waits until
 // the API server serves them. Used by tests, the demo and `bashible server --install-crds`.
+// A CRD that exists but was not installed by us (Deckhouse's own, label heritage=deckhouse) is
+// left alone unless forced: replacing it would change what its controllers and users rely on.
 import { readFile } from "node:fs/promises";
 import path from "node:path";
 import { asset } from "../../lib/assets.ts";
@@ -10,6 +12,13 @@ import type { KubeObject } from "../../lib/kube/api.ts";
 
 export const CRD_FILES = ["nodegroup.yaml", "nodegroupconfiguration.yaml", "nodeuser.yaml"] as const;
 const CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
+/** The label (and value) our CRDs carry; a CRD without it belongs to someone else. */
+export const HERITAGE_LABEL = "heritage";
+export const HERITAGE = "bashible";
+
+export class ForeignCrdError extends Error {
+  override name = "ForeignCrdError";
+}
 
 export async function loadCrds(): Promise<KubeObject[]> {
   return Promise.all(
@@ -17,9 +26,34 @@ export async function loadCrds(): Promise<KubeObject[]> {
   );
 }
 
-/** Creates or replaces each CRD, then waits (bounded) for every one to be Established. */
-export async function installCrds(client: KubeClient, opts: { timeoutMs?: number } = {}): Promise<void> {
+/**
+ * Creates or replaces each CRD, then waits (bounded) for every one to be Established. Throws
+ * ForeignCrdError, changing nothing, when a CRD exists without our heritage label and `force`
+ * is not set.
+ */
+export async function installCrds(
+  client: KubeClient,
+  opts: { timeoutMs?: number; force?: boolean } = {},
+): Promise<void> {
   const crds = await loadCrds();
+  if (!opts.force) {
+    const foreign: string[] = [];
+    for (const crd of crds) {
+      try {
+        const existing = await client.request<KubeObject>("GET", `${CRD_PATH}/${crd.metadata.name}`);
+        const heritage = existing.metadata.labels?.[HERITAGE_LABEL];
+        if (heritage !== HERITAGE) foreign.push(`${crd.metadata.name} (${HERITAGE_LABEL}=${heritage ?? "<none>"})`);
+      } catch (err) {
+        if (!isNotFound(err)) throw err;
+      }
+    }
+    if (foreign.length) {
+      throw new ForeignCrdError(
+        `not replacing CRDs this server did not install: ${foreign.join(", ")}; ` +
+          "they are served as they are (pass --force-crds to replace them with ours)",
+      );
+    }
+  }
   for (const crd of crds) {
     const name = crd.metadata.name;
     for (let attempt = 0; ; attempt++) {

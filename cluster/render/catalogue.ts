@@ -12,6 +12,7 @@ import type {
   RegistryPackageRef,
   SpecOf,
 } from "../../bundles/types.ts";
+import { BUILTIN_STEPS } from "../../bundles/names.ts";
 
 export interface CatalogueInput {
   users: NodeUserSpec[];
@@ -28,30 +29,18 @@ export interface CatalogueInput {
   agent?: BashibleServiceSpec;
 }
 
-/**
- * Built-in steps by name (Deckhouse's numbers, so NodeGroupConfiguration weights order against
- * them as there). The API proxy is a 000_* step: those run before the update approval, so a
- * changed set of API servers reaches the node without waiting for one (Deckhouse sorts its
- * 001_configure_kubernetes_api_proxy before its approval step for the same reason).
- * Custom scripts may not take these names.
- */
-export const BUILTIN_STEPS = {
-  apiProxy: "000_configure_kubernetes_api_proxy",
-  nodeUsers: "000_node_users",
-  caCertificates: "003_ca_certificates",
-  deckhousePath: "004_deckhouse_path",
-  registryPackages: "007_registry_packages",
-  containerd: "032_configure_containerd",
-  kubelet: "064_configure_kubelet",
-  kubeletStart: "069_start_kubelet",
-  agent: "080_setup_bashible_service",
-} as const;
+export { BUILTIN_STEPS };
 
 export const BUILTIN_STEP_NAMES: ReadonlySet<string> = new Set(Object.values(BUILTIN_STEPS));
 
-/** `NNN_<name>`: the weight, zero-padded to three digits, orders custom steps among built-ins. */
+/**
+ * `NNN_<name>`: the weight formatted as Go's `%03d` (Deckhouse's name for the step), so custom
+ * steps order among built-ins by weight: 5 → `005_`, 1000 → `1000_`, -5 → `-05_`.
+ */
 export function scriptStepName(weight: number, name: string): string {
-  return `${String(weight).padStart(3, "0")}_${name}`;
+  const digits = String(Math.abs(weight));
+  const sign = weight < 0 ? "-" : "";
+  return `${sign}${digits.padStart(3 - sign.length, "0")}_${name}`;
 }
 
 export class StepNameClashError extends Error {

@@ -5,8 +5,11 @@ export class RenderError extends Error {
   override name = "RenderError";
   /** e.g. "NodeUser/root", "NodeGroupConfiguration/sysctl", "context". */
   readonly object: string;
-  constructor(object: string, message: string) {
-    super(`${object}: ${message}`);
+  /** Every object at fault when several are (each NodeGroupConfiguration that failed). */
+  readonly causes: readonly RenderError[];
+  constructor(object: string, message: string, causes?: RenderError[]) {
+    super(causes ? message : `${object}: ${message}`);
     this.object = object;
+    this.causes = causes ?? [this];
   }
 }

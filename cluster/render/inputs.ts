@@ -17,20 +17,35 @@ export interface NodeGroupObject {
     nodeType: "CloudEphemeral" | "CloudPermanent" | "CloudStatic" | "Static";
     disruptions?: { approvalMode?: "Manual" | "Automatic" | "RollingUpdate" };
     fencing?: { mode: "Watchdog" | "Notify" };
-    /** Rendered into 064_configure_kubelet. */
+    /** Rendered into 064_configure_kubelet (NodeGroupConfiguration templates see all of spec under .nodeGroup). */
     kubelet?: {
       maxPods?: number;
       rootDir?: string;
       containerLogMaxSize?: string;
       containerLogMaxFiles?: number;
+      seccompDefault?: boolean;
       resourceReservation?: {
         mode?: "Off" | "Auto" | "Static";
-        static?: { cpu?: string; memory?: string; ephemeralStorage?: string };
+        static?: { cpu?: string | number; memory?: string | number; ephemeralStorage?: string | number };
       };
+      topologyManager?: {
+        enabled?: boolean;
+        scope?: "Container" | "Pod";
+        policy?: "None" | "BestEffort" | "Restricted" | "SingleNumaNode";
+      };
+      memorySwap?: { swapBehavior?: "NoSwap" | "LimitedSwap"; [k: string]: unknown };
+      [k: string]: unknown;
     };
-    /** Rendered into 032_configure_containerd (NotManaged: no containerd step). */
-    cri?: { type?: "Containerd" | "ContainerdV2" | "NotManaged"; containerd?: { maxConcurrentDownloads?: number } };
-    // Read by controllers, not by the renderer; listed so the omission is visible.
+    /** Rendered into 032_configure_containerd (NotManaged: no containerd step) and the kubelet's runtime endpoint. */
+    cri?: {
+      type?: string;
+      containerd?: { maxConcurrentDownloads?: number };
+      containerdV2?: { maxConcurrentDownloads?: number };
+      notManaged?: { criSocketPath?: string };
+      [k: string]: unknown;
+    };
+    // Read by controllers (or not acted on yet), not by the renderer; NodeGroupConfiguration
+    // templates see all of spec under .nodeGroup, as in Deckhouse.
     update?: { maxConcurrent?: number | string };
     /** Labels and taints: registered by the kubelet (064_configure_kubelet) when it creates the Node. */
     nodeTemplate?: {
@@ -40,6 +55,7 @@ export interface NodeGroupObject {
     };
     cloudInstances?: unknown;
     staticInstances?: unknown;
+    [field: string]: unknown;
   };
 }
 
@@ -56,6 +72,8 @@ export interface NodeUserObject {
   metadata: ObjectMeta;
   spec: {
     uid: number;
+    /** Deprecated in Deckhouse, still accepted: one key, added before sshPublicKeys. */
+    sshPublicKey?: string;
     sshPublicKeys?: string[];
     passwordHash?: string;
     isSudoer?: boolean;
@@ -67,13 +85,21 @@ export interface NodeUserObject {
 export interface PackageDigest {
   /** sha256:<hex> of the package's layer blob. */
   digest: string;
-  /** Repository the proxy pulls from; defaults to `<registry.address>/<registry.path>/packages`. */
+  /** Repository the proxy pulls from; defaults to `<registry.path>/packages`. */
   repository?: string;
 }
 
+/** ClusterConfiguration's proxy, as Deckhouse passes it to bashible (and to NGC templates as .proxy). */
+export interface ProxySettings {
+  httpProxy?: string;
+  httpsProxy?: string;
+  noProxy?: string[];
+}
+
 /**
- * The cluster-wide part of every bundle. Read from the `context.yaml` key of Secret
- * d8-cloud-instance-manager/bashible-server-context, or from a file in --config-dir.
+ * The cluster-wide part of every bundle. Read from key `input.yaml` of Secret
+ * d8-cloud-instance-manager/bashible-apiserver-context (Deckhouse's names; `context.yaml` of
+ * `bashible-server-context` is read too), or from a file in --config-dir.
  */
 export interface ClusterContext {
   /** Staggers the 4-hourly forced re-run per cluster and group. */
@@ -92,6 +118,8 @@ export interface ClusterContext {
     /** Mirrors containerd tries first (http[s]://host[:port][/path]). */
     mirrors?: string[];
   };
+  /** Optional HTTP(S) proxy for nodes: NGC templates' .proxy and bb-set-proxy. */
+  proxy?: ProxySettings;
   packagesProxy: { endpoints: string[]; token: string };
   /** The cluster DNS service address(es) and domain the kubelet hands to pods (default 10.222.0.10, cluster.local). */
   clusterDNS?: string[];

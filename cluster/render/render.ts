@@ -2,7 +2,14 @@
 // cluster context → the three objects served for that group (nodegroupbundles, bashibles,
 // bootstrap). Pure: same inputs and same update epoch give byte-identical output.
 import { canonicalJson, bundleChecksum } from "../../bundles/checksum.ts";
-import { BUILTIN_STEPS, type CatalogueInput, catalogueSteps, StepNameClashError } from "./catalogue.ts";
+import {
+  BUILTIN_STEP_NAMES,
+  BUILTIN_STEPS,
+  type CatalogueInput,
+  catalogueSteps,
+  scriptStepName,
+  StepNameClashError,
+} from "./catalogue.ts";
 import { API_VERSION, CHECKSUM_ANNOTATION } from "../../bundles/types.ts";
 import type {
   BundleContext,
@@ -18,6 +25,7 @@ import { STEP_SPECS } from "../../bundles/specs.ts";
 import { SpecError } from "../../bundles/schema.ts";
 import { kubeletMaySetLabel, NODE_KEYS } from "../../bundles/names.ts";
 import { RenderError } from "./errors.ts";
+import { renderGoTemplate, TemplateError } from "./go-template.ts";
 import type {
   ClusterContext,
   NodeGroupConfigurationObject,
@@ -25,9 +33,9 @@ import type {
   NodeUserObject,
   RenderInputs,
 } from "./inputs.ts";
-import { renderTemplate, renderText } from "./templates.ts";
+import { renderTemplate } from "./templates.ts";
 import { nextEpochChangeMs, updateEpoch } from "./update-epoch.ts";
-import { API_PROXY_LISTEN, CLEANUP_PATHS, NODE_USERS } from "../../bundles/paths.ts";
+import { API_PROXY_LISTEN, CLEANUP_PATHS, defaultPackageRepository, NODE_USERS } from "../../bundles/paths.ts";
 import { checkConfiguration, checkContext, checkGroupName, checkNodeUser, checkScriptSize } from "./validate.ts";
 
 /** GECOS of users the NodeUsers step creates; cleanup removes only those. */
@@ -51,7 +59,8 @@ export interface RenderedGroup {
   nextEpochChangeMs: number;
 }
 
-const selects = (nodeGroups: string[] | undefined, group: string) =>
+/** Whether an object's `nodeGroups` (empty = all) selects the group. */
+export const selects = (nodeGroups: string[] | undefined, group: string) =>
   (nodeGroups?.length ? nodeGroups : ["*"]).some((g) => g === "*" || g === group);
 
 const byName = <T extends { metadata: { name: string } }>(a: T, b: T) =>
@@ -62,7 +71,7 @@ function packageRefs(ctx: ClusterContext): RegistryPackageRef[] {
     .sort()
     .map((name) => {
       const p = ctx.packages[name]!;
-      const repository = p.repository ?? (ctx.registry ? `${ctx.registry.address}/${ctx.registry.path}/packages` : "");
+      const repository = p.repository ?? defaultPackageRepository(ctx.registry) ?? "";
       if (!repository) {
         throw new RenderError("context", `packages.${name} has no repository and the context has no registry`);
       }
@@ -70,12 +79,17 @@ function packageRefs(ctx: ClusterContext): RegistryPackageRef[] {
     });
 }
 
+/** The deprecated single key first, then the list; each key once. */
+const userKeys = (u: NodeUserObject): string[] => [
+  ...new Set([...(u.spec.sshPublicKey ? [u.spec.sshPublicKey] : []), ...(u.spec.sshPublicKeys ?? [])]),
+];
+
 function userSpec(u: NodeUserObject): NodeUserSpec {
   checkNodeUser(u);
   return {
     name: u.metadata.name,
     uid: u.spec.uid,
-    sshPublicKeys: [...(u.spec.sshPublicKeys ?? [])],
+    sshPublicKeys: userKeys(u),
     ...(u.spec.passwordHash ? { passwordHash: u.spec.passwordHash } : {}),
     isSudoer: u.spec.isSudoer === true,
     extraGroups: [...(u.spec.extraGroups ?? [])].sort(),
@@ -113,30 +127,112 @@ function bundleContext(ng: NodeGroupObject, ctx: ClusterContext, nowMs: number):
           },
         }
       : {}),
+    ...(ctx.proxy ? { proxy: proxyOf(ctx.proxy) } : {}),
     packagesProxy: { endpoints: [...ctx.packagesProxy.endpoints], token: ctx.packagesProxy.token },
   };
 }
 
-/** What a NodeGroupConfiguration's content may refer to with {{…}}: no secrets. */
-function scriptView(context: BundleContext) {
-  const { packagesProxy: _secret, ...rest } = context;
-  return { ...rest, packagesProxy: { endpoints: context.packagesProxy.endpoints } };
+function proxyOf(p: NonNullable<ClusterContext["proxy"]>): NonNullable<BundleContext["proxy"]> {
+  return {
+    ...(p.httpProxy ? { httpProxy: p.httpProxy } : {}),
+    ...(p.httpsProxy ? { httpsProxy: p.httpsProxy } : {}),
+    ...(p.noProxy?.length ? { noProxy: [...p.noProxy] } : {}),
+  };
 }
 
-function scripts(group: string, configurations: NodeGroupConfigurationObject[], context: BundleContext) {
-  const view = scriptView(context);
-  return configurations
-    .filter((c) => selects(c.spec?.nodeGroups, group))
-    .sort(byName)
-    .map((c) => {
-      checkConfiguration(c);
-      const obj = `NodeGroupConfiguration/${c.metadata.name}`;
-      checkScriptSize(obj, c.spec.content);
-      const script = renderText(obj, c.spec.content, view);
-      checkScriptSize(obj, script);
-      const bundles = (c.spec.bundles ?? []).includes("*") ? [] : [...(c.spec.bundles ?? [])].sort();
-      return { name: c.metadata.name, weight: c.spec.weight ?? 100, script, bundles };
-    });
+/**
+ * What a NodeGroupConfiguration's content sees, shaped like Deckhouse's `bundle-<group>`
+ * context: .runType, .kubernetesVersion, .cri, .nodeGroup (all of the NodeGroup's spec plus
+ * name, updateEpoch, …), .nodeUsers, .normal.apiserverEndpoints/.kubernetesCA, .registry,
+ * .proxy, .packagesProxy.addresses. No secrets: no proxy token, no password hashes.
+ */
+function templateView(ng: NodeGroupObject, users: NodeUserObject[], ctx: ClusterContext, context: BundleContext) {
+  const spec = structuredClone(ng.spec ?? {}) as Record<string, unknown>;
+  const cri = (spec.cri as { type?: string } | undefined)?.type ?? "Containerd";
+  return {
+    runType: "Normal",
+    kubernetesVersion: ctx.kubernetesVersion,
+    cri,
+    nodeGroup: {
+      ...spec,
+      name: ng.metadata.name,
+      nodeType: context.nodeGroup.nodeType,
+      kubernetesVersion: ctx.kubernetesVersion,
+      cri: { ...(spec.cri as object | undefined), type: cri },
+      disruptions: {
+        ...(spec.disruptions as object | undefined),
+        approvalMode: context.nodeGroup.disruptions.approvalMode,
+      },
+      updateEpoch: context.nodeGroup.updateEpoch,
+    },
+    nodeUsers: users.map((u) => ({
+      name: u.metadata.name,
+      spec: {
+        uid: u.spec.uid,
+        sshPublicKeys: userKeys(u),
+        isSudoer: u.spec.isSudoer === true,
+        extraGroups: [...(u.spec.extraGroups ?? [])],
+        nodeGroups: [...(u.spec.nodeGroups?.length ? u.spec.nodeGroups : ["*"])],
+      },
+    })),
+    normal: { apiserverEndpoints: [...ctx.apiserverEndpoints], kubernetesCA: ctx.clusterCA },
+    registry: ctx.registry
+      ? {
+          address: ctx.registry.address,
+          path: ctx.registry.path.startsWith("/") ? ctx.registry.path : `/${ctx.registry.path}`,
+          scheme: "https",
+          ...(ctx.registry.ca ? { ca: ctx.registry.ca } : {}),
+        }
+      : {},
+    ...(context.proxy ? { proxy: structuredClone(context.proxy) } : {}),
+    packagesProxy: { addresses: [...ctx.packagesProxy.endpoints] },
+  };
+}
+
+interface ScriptInput {
+  name: string;
+  weight: number;
+  script: string;
+  bundles: string[];
+}
+
+/** One NodeGroupConfiguration's step, or the RenderError naming it. */
+function script(c: NodeGroupConfigurationObject, view: unknown): ScriptInput {
+  checkConfiguration(c);
+  const obj = `NodeGroupConfiguration/${c.metadata.name}`;
+  const weight = c.spec.weight ?? 100;
+  const step = scriptStepName(weight, c.metadata.name);
+  if (BUILTIN_STEP_NAMES.has(step)) {
+    throw new RenderError(obj, new StepNameClashError(step, obj).message);
+  }
+  checkScriptSize(obj, c.spec.content);
+  let text: string;
+  try {
+    text = renderGoTemplate(c.spec.content, view);
+  } catch (err) {
+    if (err instanceof TemplateError) throw new RenderError(obj, `spec.content ${err.message}`);
+    throw err;
+  }
+  checkScriptSize(obj, text);
+  const bundles = (c.spec.bundles ?? []).includes("*") ? [] : [...new Set(c.spec.bundles ?? [])].sort();
+  return { name: c.metadata.name, weight, script: text, bundles };
+}
+
+/** Every selecting NodeGroupConfiguration rendered; all their errors at once, so each is reported. */
+function scripts(configurations: NodeGroupConfigurationObject[], group: string, view: unknown): ScriptInput[] {
+  const out: ScriptInput[] = [];
+  const errors: RenderError[] = [];
+  for (const c of configurations.filter((c) => selects(c.spec?.nodeGroups, group)).sort(byName)) {
+    try {
+      out.push(script(c, view));
+    } catch (err) {
+      if (!(err instanceof RenderError)) throw err;
+      errors.push(err);
+    }
+  }
+  if (errors.length === 1) throw errors[0];
+  if (errors.length) throw new RenderError(errors[0]!.object, errors.map((e) => e.message).join("; "), errors);
+  return out;
 }
 
 /** Packages that decide which node software steps a group gets. */
@@ -301,11 +397,29 @@ export function renderGroup(ng: NodeGroupObject, inputs: RenderInputs, nowMs: nu
   const ctx = inputs.context;
   checkContext(ctx);
   const context = bundleContext(ng, ctx, nowMs);
-  const users = inputs.users
-    .filter((u) => selects(u.spec?.nodeGroups, group))
-    .sort(byName)
-    .map(userSpec);
+  const selected = inputs.users.filter((u) => selects(u.spec?.nodeGroups, group)).sort(byName);
   const packages = packageRefs(ctx);
+  // A bad NodeUser and a bad NodeGroupConfiguration are both reported, not only the first.
+  const errors: RenderError[] = [];
+  const attempt = <T>(f: () => T): T | undefined => {
+    try {
+      return f();
+    } catch (err) {
+      if (!(err instanceof RenderError)) throw err;
+      errors.push(...err.causes);
+      return undefined;
+    }
+  };
+  const specs = selected.map((u) => attempt(() => userSpec(u)));
+  const valid = selected.filter((_, i) => specs[i] !== undefined);
+  const scriptSteps = attempt(() => scripts(inputs.configurations, group, templateView(ng, valid, ctx, context)));
+  if (errors.length || !scriptSteps) {
+    const unique = [...new Map(errors.map((e) => [e.message, e])).values()];
+    throw unique.length === 1
+      ? unique[0]!
+      : new RenderError(unique[0]!.object, unique.map((e) => e.message).join("; "), unique);
+  }
+  const users = specs as NodeUserSpec[];
   const cleanupScript = renderTemplate("cleanup_static_node.sh", {
     nodeGroup: group,
     paths: CLEANUP_PATHS,
@@ -318,7 +432,7 @@ export function renderGroup(ng: NodeGroupObject, inputs: RenderInputs, nowMs: nu
       users,
       clusterCA: ctx.clusterCA,
       registryCA: ctx.registry?.ca,
-      scripts: scripts(group, inputs.configurations, context),
+      scripts: scriptSteps,
       ...software,
     });
   } catch (err) {

@@ -1,12 +1,13 @@
 // Input checks that turn bad objects into RenderErrors naming the object, before anything is
 // rendered. The CRDs refuse most of these already; objects from --config-dir (or a CRD
 // installed by someone else) do not pass through that validation, so the server checks again.
-import { BUNDLE_FAMILIES } from "./families.ts";
+import { DECKHOUSE_BUNDLES, isDeckhouseBundle } from "../../bundles/os-families.ts";
 import { RenderError } from "./errors.ts";
 import type { ClusterContext, NodeGroupConfigurationObject, NodeUserObject } from "./inputs.ts";
 
 export const MAX_SCRIPT_BYTES = 256 * 1024;
 const GROUP_NAME = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
+/** A Kubernetes object name (DNS subdomain; `_` too, for config dirs); Deckhouse's NGC names end in `.sh`. */
 const NGC_NAME = /^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$/;
 const USER_NAME = /^[a-z_][a-z0-9_-]{0,31}$/;
 const PACKAGE_NAME = /^[a-z0-9][a-z0-9._-]{0,62}$/;
@@ -66,6 +67,10 @@ export function checkNodeUser(u: NodeUserObject): void {
   if (!Array.isArray(keys) || keys.some((k) => typeof k !== "string" || /[\r\n]/.test(k) || !k.trim())) {
     throw new RenderError(obj, "sshPublicKeys must be single-line strings");
   }
+  const single = u.spec.sshPublicKey;
+  if (single !== undefined && (typeof single !== "string" || /[\r\n]/.test(single))) {
+    throw new RenderError(obj, "sshPublicKey must be a single-line string");
+  }
   const hash = u.spec.passwordHash;
   if (hash !== undefined && (typeof hash !== "string" || /[:\r\n]/.test(hash))) {
     throw new RenderError(obj, "passwordHash must be one /etc/shadow field (no ':' or newline)");
@@ -79,20 +84,29 @@ export function checkNodeUser(u: NodeUserObject): void {
 export function checkConfiguration(c: NodeGroupConfigurationObject): void {
   const name = c.metadata?.name;
   const obj = `NodeGroupConfiguration/${name}`;
-  if (typeof name !== "string" || name.length > 63 || !NGC_NAME.test(name)) {
-    throw new RenderError(obj, "invalid name: use lower-case letters, digits, '-', '_' and '.'");
+  if (typeof name !== "string" || name.length > 253 || !NGC_NAME.test(name)) {
+    throw new RenderError(obj, "invalid name: use lower-case letters, digits, '-', '_' and '.' (at most 253)");
   }
+  // Deckhouse puts no bound on the weight; it only orders the step (`%03d_<name>`).
   const weight = c.spec?.weight ?? 100;
-  if (!Number.isInteger(weight) || weight < 0 || weight > 999) {
-    throw new RenderError(obj, `weight ${weight} is out of range 0..999`);
-  }
+  if (!Number.isSafeInteger(weight)) throw new RenderError(obj, `weight ${weight} is not an integer`);
   if (typeof c.spec.content !== "string" || !c.spec.content.trim()) throw new RenderError(obj, "content is empty");
   for (const b of c.spec.bundles ?? []) {
-    if (b !== "*" && !(BUNDLE_FAMILIES as readonly string[]).includes(b)) {
-      throw new RenderError(obj, `unknown bundle '${b}' in spec.bundles; known: *, ${BUNDLE_FAMILIES.join(", ")}`);
-    }
+    if (b === "*" || (typeof b === "string" && isDeckhouseBundle(b))) continue;
+    const hint = Object.hasOwn(FAMILY_HINTS, b) ? ` ('${b}' is a family; its bundles are ${FAMILY_HINTS[b]})` : "";
+    throw new RenderError(
+      obj,
+      `unknown bundle '${b}' in spec.bundles${hint}; Deckhouse's bundle names are *, ${DECKHOUSE_BUNDLES.join(", ")}`,
+    );
   }
 }
+
+/** Family names people write where a bundle name belongs. */
+const FAMILY_HINTS: Record<string, string> = {
+  rhel: "centos, redos and rosa",
+  suse: "opensuse",
+  ubuntu: "ubuntu-lts",
+};
 
 export function checkScriptSize(obj: string, script: string): void {
   const bytes = Buffer.byteLength(script, "utf8");

@@ -8,7 +8,13 @@
 // Authorization (stricter than Deckhouse, where any node reads any group):
 //   system:masters                                  → every group
 //   system:node:<n> in system:nodes                  → the group of Node <n> (its label)
-//   system:bootstrappers:d8-node-manager:<group>     → that group (group-scoped bootstrap tokens)
+//   system:bootstrappers:d8-node-manager:<group>     → that group (the extra group our bootstrap
+//                                                      tokens carry next to Deckhouse's)
+//   system:bootstrap:<id> in system:bootstrappers:d8-node-manager
+//                                                    → the group in label
+//                                                      node-manager.deckhouse.io/node-group of
+//                                                      kube-system/bootstrap-token-<id> (tokens
+//                                                      Deckhouse's own hook made)
 //   anyone else                                      → nothing (403)
 import type { X509Certificate } from "node:crypto";
 import type { IncomingMessage } from "node:http";
@@ -21,7 +27,11 @@ export interface Identity {
   via: "front-proxy" | "client-certificate";
 }
 
-export const BOOTSTRAP_GROUP_PREFIX = "system:bootstrappers:d8-node-manager:";
+/** Deckhouse's extra group for node bootstrap tokens (its RBAC binds this group). */
+export const BOOTSTRAP_GROUP = "system:bootstrappers:d8-node-manager";
+/** Our tokens also carry `<BOOTSTRAP_GROUP>:<node group>`, which scopes them without a lookup. */
+export const BOOTSTRAP_GROUP_PREFIX = `${BOOTSTRAP_GROUP}:`;
+const BOOTSTRAP_USER_PREFIX = "system:bootstrap:";
 
 export interface AuthConfig {
   /** CAs whose direct leaf certificates may act as the front proxy. */
@@ -114,11 +124,21 @@ export type Scope = "all" | ReadonlySet<string>;
 export async function scopeOf(
   id: Identity,
   nodeGroupOf: (node: string) => Promise<string | undefined>,
+  tokenGroupOf?: (tokenId: string) => Promise<string | undefined>,
 ): Promise<Scope> {
   if (id.groups.includes("system:masters")) return "all";
   const groups = new Set<string>();
   for (const g of id.groups)
     if (g.startsWith(BOOTSTRAP_GROUP_PREFIX)) groups.add(g.slice(BOOTSTRAP_GROUP_PREFIX.length));
+  if (
+    !groups.size &&
+    tokenGroupOf &&
+    id.user.startsWith(BOOTSTRAP_USER_PREFIX) &&
+    id.groups.includes(BOOTSTRAP_GROUP)
+  ) {
+    const group = await tokenGroupOf(id.user.slice(BOOTSTRAP_USER_PREFIX.length));
+    if (group) groups.add(group);
+  }
   if (id.user.startsWith("system:node:") && id.groups.includes("system:nodes")) {
     const group = await nodeGroupOf(id.user.slice("system:node:".length));
     if (group) groups.add(group);

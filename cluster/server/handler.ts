@@ -17,6 +17,8 @@ export interface HandlerDeps {
   auth: AuthConfig;
   log: Logger;
   nodeGroupOf: (node: string) => Promise<string | undefined>;
+  /** The node group a bootstrap token (by id) was made for, when the source can tell. */
+  tokenGroupOf?: (tokenId: string) => Promise<string | undefined>;
   /** Readiness: the first render pass is done. */
   ready: () => boolean;
 }
@@ -98,7 +100,7 @@ export function createHandler(deps: HandlerDeps) {
       return status(res, 404, "NotFound", `the server could not find the requested resource (${path})`);
     }
 
-    const scope = await scopeOf(id, deps.nodeGroupOf);
+    const scope = await scopeOf(id, deps.nodeGroupOf, deps.tokenGroupOf);
     const verb = watch ? "watch" : name ? "get" : "list";
     const done = (code: number) =>
       metrics.requests.inc({ resource, verb, code: String(code), http: req.httpVersion === "2.0" ? "2" : "1.1" });

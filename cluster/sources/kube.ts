@@ -1,7 +1,9 @@
 // Inputs from the Kubernetes API: list + watch of NodeGroups, NodeGroupConfigurations and
-// NodeUsers, and the cluster context from key context.yaml of Secret
-// d8-cloud-instance-manager/bashible-server-context. Node → group lookups for authorization
-// go to the API with a short cache.
+// NodeUsers, and the cluster context from key input.yaml of Secret
+// d8-cloud-instance-manager/bashible-apiserver-context (Deckhouse's names; key context.yaml of
+// bashible-server-context, this project's earlier name, is read when that one is absent).
+// Node → group lookups for authorization and bootstrap-token → group lookups go to the API
+// with a short cache.
 import { parse } from "yaml";
 import type { KubeClient } from "../../lib/kube/client.ts";
 import { getNode, list, type KubeObject } from "../../lib/kube/api.ts";
@@ -15,9 +17,16 @@ import type {
 } from "../render/inputs.ts";
 import { GROUP_LABEL } from "./directory.ts";
 import type { Source, SourceSnapshot } from "./types.ts";
+import { SECRETS } from "../../bundles/names.ts";
+import { BOOTSTRAP_TOKEN_GROUP_LABEL } from "../bootstrap-secrets.ts";
 
-export const CONTEXT_SECRET = "bashible-server-context";
-export const CONTEXT_KEY = "context.yaml";
+export const CONTEXT_SECRET = SECRETS.context;
+export const CONTEXT_KEY = SECRETS.contextKey;
+/** Where the context is read from, in order of preference. */
+const CONTEXT_SOURCES = [
+  { secret: SECRETS.context, key: SECRETS.contextKey },
+  { secret: SECRETS.legacyContext, key: SECRETS.legacyContextKey },
+] as const;
 
 /** One collection kept current by list + watch; relists on 410 Gone or a broken watch. */
 class Informer {
@@ -111,7 +120,8 @@ export class KubeSource implements Source {
   private nodeGroups: Informer | undefined;
   private configurations: Informer | undefined;
   private users: Informer | undefined;
-  private contextSecret: Informer | undefined;
+  private contextSecrets: Informer[] = [];
+  private readonly tokenCache = new Map<string, { group: string | undefined; until: number }>();
   private readonly nodeCache = new Map<string, { group: string | undefined; until: number }>();
   private readonly nodeTtlMs: number;
   private lastContextError = "";
@@ -129,22 +139,27 @@ export class KubeSource implements Source {
     this.nodeGroups = mk("/apis/deckhouse.io/v1/nodegroups");
     this.configurations = mk("/apis/deckhouse.io/v1alpha1/nodegroupconfigurations");
     this.users = mk("/apis/deckhouse.io/v1/nodeusers");
-    this.contextSecret = mk(`/api/v1/namespaces/${this.namespace}/secrets`, `metadata.name=${CONTEXT_SECRET}`);
-    this.informers = [this.nodeGroups, this.configurations, this.users, this.contextSecret];
+    this.contextSecrets = CONTEXT_SOURCES.map((c) =>
+      mk(`/api/v1/namespaces/${this.namespace}/secrets`, `metadata.name=${c.secret}`),
+    );
+    this.informers = [this.nodeGroups, this.configurations, this.users, ...this.contextSecrets];
     await Promise.all(this.informers.map((i) => i.start()));
   }
 
   private context(): ClusterContext | undefined {
-    const secret = this.contextSecret?.objects.get(CONTEXT_SECRET);
-    const raw = (secret?.data as Record<string, string> | undefined)?.[CONTEXT_KEY];
-    if (!raw) return undefined;
+    let found: { secret: string; key: string; raw: string } | undefined;
+    CONTEXT_SOURCES.forEach((c, i) => {
+      const raw = (this.contextSecrets[i]?.objects.get(c.secret)?.data as Record<string, string> | undefined)?.[c.key];
+      if (raw && !found) found = { ...c, raw };
+    });
+    if (!found) return undefined;
     try {
-      const doc = parse(Buffer.from(raw, "base64").toString("utf8")) as Record<string, unknown>;
+      const doc = parse(Buffer.from(found.raw, "base64").toString("utf8")) as Record<string, unknown>;
       const { apiVersion: _a, kind: _k, ...rest } = doc ?? {};
       this.lastContextError = "";
       return rest as unknown as ClusterContext;
     } catch (err) {
-      const msg = `Secret ${this.namespace}/${CONTEXT_SECRET}: ${CONTEXT_KEY} is not valid YAML: ${(err as Error).message}`;
+      const msg = `Secret ${this.namespace}/${found.secret}: ${found.key} is not valid YAML: ${(err as Error).message}`;
       if (msg !== this.lastContextError) this.log.error(msg);
       this.lastContextError = msg;
       return undefined;
@@ -176,6 +191,29 @@ export class KubeSource implements Source {
     // A node that is not (yet) labelled is asked about again soon.
     this.nodeCache.set(node, { group, until: now + (group ? this.nodeTtlMs : 5000) });
     if (this.nodeCache.size > 50_000) this.nodeCache.delete(this.nodeCache.keys().next().value as string);
+    return group;
+  }
+
+  async tokenGroupOf(tokenId: string): Promise<string | undefined> {
+    if (!/^[a-z0-9]{6}$/.test(tokenId)) return undefined;
+    const now = Date.now();
+    const hit = this.tokenCache.get(tokenId);
+    if (hit && hit.until > now) return hit.group;
+    let group: string | undefined;
+    try {
+      const secret = await this.client.request<KubeObject>(
+        "GET",
+        `/api/v1/namespaces/kube-system/secrets/bootstrap-token-${tokenId}`,
+        { timeoutMs: 5000 },
+      );
+      if ((secret as { type?: string }).type === "bootstrap.kubernetes.io/token") {
+        group = secret.metadata.labels?.[BOOTSTRAP_TOKEN_GROUP_LABEL];
+      }
+    } catch (err) {
+      if (!isNotFound(err)) throw err;
+    }
+    this.tokenCache.set(tokenId, { group, until: now + (group ? this.nodeTtlMs : 5000) });
+    if (this.tokenCache.size > 10_000) this.tokenCache.delete(this.tokenCache.keys().next().value as string);
     return group;
   }
 

@@ -12,5 +12,7 @@ export interface Source {
   snapshot(): SourceSnapshot;
   /** The group of a node (label node.deckhouse.io/group), or undefined when unknown. */
   nodeGroupOf(node: string): Promise<string | undefined>;
+  /** The node group a bootstrap token was made for (its Secret's label), if the source knows tokens. */
+  tokenGroupOf?(tokenId: string): Promise<string | undefined>;
   stop(): void;
 }

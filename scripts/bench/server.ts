@@ -281,7 +281,7 @@ async function renderBench(): Promise<{ p50: number; p99: number }> {
   for (let n = 0; n < 59; n++) {
     inputs.configurations.push({
       metadata: { name: `step-${String(n).padStart(2, "0")}` },
-      spec: { content: `# step ${n}\n${"echo configuring {{ nodeGroup.name }}\n".repeat(60)}`, weight: 100 + n },
+      spec: { content: `# step ${n}\n${"echo configuring {{ .nodeGroup.name }}\n".repeat(60)}`, weight: 100 + n },
     });
   }
   const ng = inputs.nodeGroups[0]!;

@@ -8,7 +8,7 @@ import path from "node:path";
 import { KubeClient } from "../../lib/kube/client.ts";
 import { loadKubeconfig } from "../../lib/kube/kubeconfig.ts";
 import { KubeStatusError } from "../../lib/kube/errors.ts";
-import { getSecret, list } from "../../lib/kube/api.ts";
+import { createSecret, getSecret, list } from "../../lib/kube/api.ts";
 import { ensureGroupToken, TOKEN_TTL_MS } from "../../cluster/bootstrap-secrets.ts";
 import { writeChecksums } from "../../cluster/checksums.ts";
 
@@ -143,6 +143,36 @@ t.test("a group-scoped bootstrap token reads only its group", async (t) => {
   t.equal((await refused(c, `${API}/bootstrap/frontend`))?.status, 403);
 });
 
+t.test("a token made as Deckhouse makes them is scoped by its node-group label", async (t) => {
+  // Deckhouse's hook: label node-manager.deckhouse.io/node-group, extra group d8-node-manager only.
+  const id = "dkhs01";
+  const secret = "0123456789abcdef";
+  await createSecret(cp.admin, {
+    apiVersion: "v1",
+    kind: "Secret",
+    type: "bootstrap.kubernetes.io/token",
+    metadata: {
+      name: `bootstrap-token-${id}`,
+      namespace: "kube-system",
+      labels: { "node-manager.deckhouse.io/node-group": "worker" },
+    },
+    stringData: {
+      "token-id": id,
+      "token-secret": secret,
+      expiration: new Date(Date.now() + 3600_000).toISOString().replace(/\.\d+Z$/, "Z"),
+      "usage-bootstrap-authentication": "true",
+      "usage-bootstrap-signing": "true",
+      "auth-extra-groups": "system:bootstrappers:d8-node-manager",
+    },
+  });
+  const c = await clientFor(
+    await cp.writeKubeconfig(path.join(cp.dir, "deckhouse-token.kubeconfig"), { token: `${id}.${secret}` }),
+  );
+  const boot = await c.request<{ bootstrap: string }>("GET", `${API}/bootstrap/worker`);
+  t.match(boot.bootstrap, /bootstrap of node group worker complete/);
+  t.equal((await refused(c, `${API}/bootstrap/frontend`))?.status, 403);
+});
+
 t.test("kubectl get -w sees a NodeGroupConfiguration change within seconds", async (t) => {
   const kubectl = spawn(
     path.join(cp.binDir, "kubectl"),
@@ -266,7 +296,7 @@ t.test("a Static group gets a manual bootstrap Secret whose token reads its boot
   const secret = await getSecret(cp.admin, "kube-system", `bootstrap-token-${token!.split(".")[0]}`);
   t.equal(
     Buffer.from((secret.data as Record<string, string>)["auth-extra-groups"]!, "base64").toString(),
-    "system:bootstrappers:d8-node-manager:worker",
+    "system:bootstrappers:d8-node-manager,system:bootstrappers:d8-node-manager:worker",
   );
   const file = await cp.writeKubeconfig(path.join(cp.dir, "manual.kubeconfig"), { token: token! });
   const c = await clientFor(file);

@@ -1,8 +1,9 @@
-// The deckhouse.io CRDs on a real API server: they install, and their validation refuses
-// the objects a user most often gets wrong.
+// The deckhouse.io CRDs on a real API server: they install, their validation refuses the
+// objects a user most often gets wrong, and Deckhouse's own manifests apply unchanged.
 import t from "tap";
 import { withControlPlane } from "../fixtures/control-plane.ts";
-import { installCrds } from "../../cluster/crds/install.ts";
+import { ForeignCrdError, installCrds } from "../../cluster/crds/install.ts";
+import { bashible } from "../fixtures/cli.ts";
 import { KubeStatusError } from "../../lib/kube/errors.ts";
 
 const cp = await withControlPlane(t);
@@ -80,4 +81,165 @@ t.test("a NodeGroupConfiguration gets weight 100 and all groups by default", asy
     nodeGroups: ["*"],
     bundles: ["*"],
   });
+});
+
+// Deckhouse's manifests apply unchanged.
+
+const NU_ALPHA = "/apis/deckhouse.io/v1alpha1/nodeusers";
+type Obj = { metadata: { labels?: Record<string, string>; resourceVersion?: string }; spec: Record<string, unknown> };
+
+t.test("a NodeUser with Deckhouse's deprecated sshPublicKey and key options is accepted", async (t) => {
+  const created = await create(NU, {
+    apiVersion: "deckhouse.io/v1",
+    kind: "NodeUser",
+    metadata: { name: "legacy" },
+    spec: {
+      uid: 1101,
+      sshPublicKey: "ssh-rsa AAAAB3Nza legacy@example",
+      sshPublicKeys: [
+        'cert-authority,principals="ops" ssh-rsa AAAAB3Nza ca',
+        'command="uptime" ssh-ed25519 AAAAC3Nz x',
+      ],
+      passwordHash: "$2a$10$F9ey7zW.sVliT224RFxpWeMsgzO.D9YRG54a8T36/K2MCiT41nzmC",
+      isSudoer: true,
+    },
+  });
+  t.equal((created as Obj).spec.sshPublicKey, "ssh-rsa AAAAB3Nza legacy@example");
+  const missing = await create(NU, user("nokeys", { sshPublicKeys: undefined })).catch((e) => e);
+  t.equal(missing.status, 422);
+  t.match(missing.message, /sshPublicKeys/);
+  const garbage = await create(NU, user("garbage", { sshPublicKeys: ["not a key"] })).catch((e) => e);
+  t.equal(garbage.status, 422, "a line without a key type is refused");
+});
+
+t.test("NodeUser v1alpha1 is still served, with the same schema", async (t) => {
+  await create(NU_ALPHA, {
+    apiVersion: "deckhouse.io/v1alpha1",
+    kind: "NodeUser",
+    metadata: { name: "old-api" },
+    spec: { uid: 1102, sshPublicKeys: ["ssh-ed25519 AAAA old"] },
+  });
+  const v1 = await cp.admin.request<Obj>("GET", `${NU}/old-api`);
+  t.same(v1.spec, { uid: 1102, sshPublicKeys: ["ssh-ed25519 AAAA old"], isSudoer: false, nodeGroups: ["*"] });
+});
+
+t.test("a NodeGroup gets Deckhouse's defaults and keeps the fields not acted on yet", async (t) => {
+  const spec = {
+    nodeType: "CloudEphemeral",
+    chaos: { mode: "DrainAndDelete", period: "24h" },
+    operatingSystem: { manageKernel: false },
+    gpu: { sharing: "TimeSlicing", timeSlicing: { partitionCount: 4 } },
+    nodeDrainTimeoutSecond: 600,
+    cloudInstances: {
+      minPerZone: 1,
+      maxPerZone: 3,
+      priority: 10,
+      standby: "10%",
+      standbyHolder: { overprovisioningRate: 50 },
+      classReference: { kind: "OpenStackInstanceClass", name: "m1" },
+      zones: ["a"],
+    },
+    kubelet: { topologyManager: { enabled: true, policy: "SingleNumaNode" }, maxPods: 150 },
+    disruptions: { approvalMode: "Automatic", automatic: { windows: [{ from: "06:00", to: "08:00", days: ["Tue"] }] } },
+    fencing: { mode: "Watchdog" },
+  };
+  const got = (await create(NG, {
+    apiVersion: "deckhouse.io/v1",
+    kind: "NodeGroup",
+    metadata: { name: "deckhouse-like" },
+    spec,
+  })) as Obj;
+  t.same(got.spec.chaos, spec.chaos);
+  t.same(got.spec.operatingSystem, spec.operatingSystem);
+  t.same(got.spec.gpu, spec.gpu);
+  t.equal(got.spec.nodeDrainTimeoutSecond, 600);
+  t.same(got.spec.cloudInstances, spec.cloudInstances);
+  t.same(got.spec.kubelet, {
+    maxPods: 150,
+    containerLogMaxSize: "50Mi",
+    containerLogMaxFiles: 4,
+    resourceReservation: { mode: "Auto" },
+    topologyManager: { enabled: true, policy: "SingleNumaNode", scope: "Container" },
+  });
+  t.same(got.spec.update, { maxConcurrent: 1 });
+  t.same((got.spec.fencing as Record<string, unknown>).watchdog, undefined, "no watchdog block unless given");
+
+  const plain = (await create(NG, {
+    apiVersion: "deckhouse.io/v1",
+    kind: "NodeGroup",
+    metadata: { name: "plain" },
+    spec: { nodeType: "Static" },
+  })) as Obj;
+  t.same(plain.spec.kubelet, {
+    containerLogMaxSize: "50Mi",
+    containerLogMaxFiles: 4,
+    resourceReservation: { mode: "Auto" },
+  });
+  t.same(plain.spec.update, { maxConcurrent: 1 });
+});
+
+t.test("update.maxConcurrent takes a count or a percentage, nothing else", async (t) => {
+  const ng = (name: string, maxConcurrent: unknown) =>
+    create(NG, {
+      apiVersion: "deckhouse.io/v1",
+      kind: "NodeGroup",
+      metadata: { name },
+      spec: { nodeType: "Static", update: { maxConcurrent } },
+    });
+  await ng("mc-count", 3);
+  await ng("mc-percent", "25%");
+  for (const [name, bad] of [
+    ["mc-zero", 0],
+    ["mc-word", "all"],
+  ] as const) {
+    const err = await ng(name, bad).catch((e) => e);
+    t.equal(err.status, 422, `${JSON.stringify(bad)} refused`);
+  }
+});
+
+t.test("a NodeGroupConfiguration takes any weight, Deckhouse's names, and a status", async (t) => {
+  for (const [name, weight] of [
+    ["heavy.sh", 5000],
+    ["early.sh", -5],
+    ["add-custom-ca.sh", 31],
+  ] as const) {
+    const got = (await create(NGC, {
+      apiVersion: "deckhouse.io/v1alpha1",
+      kind: "NodeGroupConfiguration",
+      metadata: { name },
+      spec: { content: "true\n", weight, nodeGroups: ["*"], bundles: ["centos-7"] },
+    })) as Obj;
+    t.equal(got.spec.weight, weight, name);
+  }
+  const patched = await cp.admin.request<{ status: { error: string } }>("PATCH", `${NGC}/heavy.sh/status`, {
+    body: { status: { error: "boom", failedNodeGroups: ["worker"] } },
+  });
+  t.equal(patched.status.error, "boom");
+});
+
+t.test("--install-crds refuses to replace a CRD it did not install, unless forced", async (t) => {
+  const path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/nodegroupconfigurations.deckhouse.io";
+  const mine = await cp.admin.request<Obj & { metadata: Record<string, unknown> }>("GET", path);
+  // Make it look like Deckhouse's own: another heritage and no status subresource.
+  const foreign = structuredClone(mine) as unknown as {
+    metadata: { labels: Record<string, string> };
+    spec: { versions: { subresources?: unknown }[] };
+  };
+  foreign.metadata.labels = { heritage: "deckhouse", module: "node-manager" };
+  delete foreign.spec.versions[0]!.subresources;
+  await cp.admin.request("PUT", path, { body: foreign });
+
+  const err = await installCrds(cp.admin).catch((e) => e);
+  t.type(err, ForeignCrdError);
+  t.match(err.message, /nodegroupconfigurations\.deckhouse\.io \(heritage=deckhouse\).*--force-crds/);
+  const after = await cp.admin.request<{ metadata: { labels: Record<string, string> } }>("GET", path);
+  t.equal(after.metadata.labels.heritage, "deckhouse", "left as it was");
+
+  const cli = await bashible(["server", "--kubeconfig", cp.adminKubeconfig, "--install-crds", "--no-manage-secrets"]);
+  t.equal(cli.status, 1, "the server does not start");
+  t.match(cli.stdout + cli.stderr, /not replacing CRDs this server did not install/);
+
+  await installCrds(cp.admin, { force: true });
+  const forced = await cp.admin.request<{ metadata: { labels: Record<string, string> } }>("GET", path);
+  t.equal(forced.metadata.labels.heritage, "bashible", "replaced when forced");
 });

@@ -15,12 +15,9 @@ import { osProfile } from "../../agent/converge/converge.ts";
 import { applyPrimitive } from "../../agent/converge/primitives.ts";
 import { hostFlags } from "../../agent/converge/flags.ts";
 import { planFile } from "../../agent/host/file-plan.ts";
+import { requireRoot } from "../fixtures/root.ts";
 
-if (process.getuid?.() !== 0) {
-  t.comment("skipped: confinement tests need root (homes owned by NodeUsers, chown)");
-  t.end();
-  process.exit(0);
-}
+await requireRoot("homes owned by NodeUsers, chown");
 
 const SECRET = "root:$6$SHADOW-SECRET-HASH$doNotShowThisAnywhere:19000:0:99999:7:::";
 const KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIMallory mallory@laptop";

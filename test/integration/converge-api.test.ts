@@ -10,6 +10,9 @@ import { sandbox } from "../fixtures/bundle.ts";
 import { freePort } from "../lib/control-plane.ts";
 import { createCA } from "../lib/pki.ts";
 import * as api from "../../lib/kube/api.ts";
+import { requireRoot } from "../fixtures/root.ts";
+
+await requireRoot("the agent sets root ownership on what it writes");
 
 const stack = await startStack();
 t.teardown(() => stack.stop());

@@ -1,12 +1,15 @@
 // The converge runtime reporting to a real kube-apiserver as the node itself
 // (system:node:<name>): checksum annotation, Events, update approval, reboot requests.
 import t from "tap";
-import { mkdir, readFile, rm, writeFile } from "node:fs/promises";
+import { mkdir, readFile, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { withControlPlane } from "../fixtures/control-plane.ts";
 import { bashible, waitFor } from "../fixtures/cli.ts";
 import { makeBundle, sandbox, script, writeBundle } from "../fixtures/bundle.ts";
 import * as api from "../../lib/kube/api.ts";
+import { requireRoot } from "../fixtures/root.ts";
+
+await requireRoot("the agent sets root ownership on what it writes");
 
 const cp = await withControlPlane(t);
 const admin = cp.admin;
@@ -126,15 +129,36 @@ t.test("a later run with changes waits for update approval; the first run does n
   t.equal(st.lastRun.outcome, "waiting-approval");
 });
 
-t.test("the reboot annotation forces a run, then a (sandboxed) reboot, and is cleared", async (t) => {
+t.test("the reboot annotation reboots only after disruption approval, then is cleared", async (t) => {
   const n = await node("conv-4");
   const file = await writeBundle(n.root, makeBundle([step("one")]), `../b-${n.name}.json`);
   t.equal((await bashible(["once", "--root", n.root, "--bundle", file, "--kubeconfig", n.kubeconfig])).status, 0);
+  const actionsFile = path.join(n.root, "var/lib/bashible/sandbox-actions.log");
+  await api.patchNode(admin, n.name, { metadata: { annotations: { "update.node.deckhouse.io/reboot": "" } } });
+
+  // Not approved within the run's wait: no reboot, and the run says what it waits for.
+  const short = await bashible([
+    "once",
+    "--root",
+    n.root,
+    "--bundle",
+    file,
+    "--kubeconfig",
+    n.kubeconfig,
+    "--approval-timeout",
+    "1",
+  ]);
+  t.equal(short.status, 1, "waiting is not success");
+  t.equal((await annotations(n.name))["update.node.deckhouse.io/disruption-required"], "", "the node asked");
+  await t.rejects(readFile(actionsFile, "utf8"), { code: "ENOENT" }, "no reboot without approval");
+  const st = JSON.parse((await bashible(["status", "--root", n.root, "--json"])).stdout);
+  t.equal(st.lastRun.outcome, "waiting-disruption-approval");
+  t.match(st.waiting.for, /disruption approval: reboot/);
+
+  // Approved: the next run reboots (recorded in the sandbox) and clears it all.
   await api.patchNode(admin, n.name, {
-    metadata: { annotations: { "update.node.deckhouse.io/reboot": "", "update.node.deckhouse.io/approved": "" } },
+    metadata: { annotations: { "update.node.deckhouse.io/disruption-approved": "" } },
   });
-  await rm(path.join(n.root, "hello"));
-  await rm(path.join(n.root, "var/lib/bashible/scripts"), { recursive: true });
   const r = await bashible([
     "once",
     "--root",
@@ -148,7 +172,9 @@ t.test("the reboot annotation forces a run, then a (sandboxed) reboot, and is cl
   ]);
   t.equal(r.status, 0, r.stdout);
   t.match(r.stdout, /update\.node\.deckhouse\.io\/reboot/);
-  const actions = await readFile(path.join(n.root, "var/lib/bashible/sandbox-actions.log"), "utf8");
-  t.match(actions, /reboot/, "the reboot was asked for (recorded in the sandbox)");
-  t.notOk("update.node.deckhouse.io/reboot" in (await annotations(n.name)), "annotation cleared");
+  t.match(await readFile(actionsFile, "utf8"), /reboot/, "the reboot was asked for (recorded in the sandbox)");
+  const after = await annotations(n.name);
+  for (const k of ["reboot", "disruption-required", "disruption-approved"]) {
+    t.notOk(`update.node.deckhouse.io/${k}` in after, `${k} cleared`);
+  }
 });

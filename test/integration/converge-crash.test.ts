@@ -11,6 +11,9 @@ import { MAIN, bashible } from "../fixtures/cli.ts";
 import { makeBundle, sandbox, script } from "../fixtures/bundle.ts";
 import { createCA } from "../lib/pki.ts";
 import type { BundleStep } from "../../bundles/types.ts";
+import { requireRoot } from "../fixtures/root.ts";
+
+await requireRoot("the agent sets root ownership on what it writes");
 
 const KILLS = Number(process.env.BASHIBLE_CRASH_KILLS ?? 100);
 
@@ -24,7 +27,7 @@ const caC = await readFile((await createCA(pkiDir, "c", "crash-c")).cert, "utf8"
 function bundleFor(version: "A" | "B") {
   const steps: BundleStep[] = [
     {
-      name: "003_ca_certificates",
+      name: "003_install_ca_certificates",
       kind: "CACertificates",
       spec: {
         certificates: [
@@ -33,7 +36,7 @@ function bundleFor(version: "A" | "B") {
         ],
       },
     },
-    { name: "004_deckhouse_path", kind: "DeckhousePath", spec: {} },
+    { name: "004_add_deckhouse_paths", kind: "DeckhousePath", spec: {} },
     script(
       "050_config",
       `mkdir -p "$BASHIBLE_ROOT/etc/app"\nfor i in $(seq 1 20); do echo "${version} $i" > "$BASHIBLE_ROOT/etc/app/part-$i.conf.tmp" && mv "$BASHIBLE_ROOT/etc/app/part-$i.conf.tmp" "$BASHIBLE_ROOT/etc/app/part-$i.conf"; done`,

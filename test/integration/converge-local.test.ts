@@ -5,6 +5,9 @@ import { readFile, rm, writeFile, mkdir, readdir } from "node:fs/promises";
 import path from "node:path";
 import { bashible, bashibleDaemon, waitFor } from "../fixtures/cli.ts";
 import { makeBundle, sandbox, script, treeHash, writeBundle } from "../fixtures/bundle.ts";
+import { requireRoot } from "../fixtures/root.ts";
+
+await requireRoot("the agent sets root ownership on what it writes");
 
 const hello = (text: string) =>
   script(
@@ -170,23 +173,81 @@ t.test("one converge at a time; a stale lock from a killed run is taken over", a
   t.equal((await bashible(["once", "--root", root, "--bundle", file])).status, 0, "stale lock ignored");
 });
 
-t.test("scripts see the documented environment", async (t) => {
+t.test("scripts see Deckhouse's environment and ours", async (t) => {
   const root = await sandbox("ID=rocky\nVERSION_ID=9.4\n", "node-env");
   const b = makeBundle([
     script(
       "050_env",
-      `env | grep -E '^(NODE_NAME|NODE_GROUP|BUNDLE|BASHIBLE_ROOT|BASHIBLE_STEP|BASHIBLE_FIRST_RUN|KUBERNETES_VERSION)=' | sort > "$BASHIBLE_ROOT/env"`,
+      `env | grep -E '^(NODE_NAME|NODE_GROUP|D8_NODE_HOSTNAME|FIRST_BASHIBLE_RUN|BOOTSTRAP_DIR|TMPDIR|HOME|LANG|LC_NUMERIC|PATH|BUNDLE|BASHIBLE_ROOT|BASHIBLE_STEP|BASHIBLE_FIRST_RUN|KUBERNETES_VERSION)=' | sort > "$BASHIBLE_ROOT/env"`,
     ),
   ]);
   const file = await writeBundle(root, b, "../b-" + path.basename(root) + ".json");
   t.equal((await bashible(["once", "--root", root, "--bundle", file])).status, 0);
   const env = await readFile(path.join(root, "env"), "utf8");
-  t.match(env, /BUNDLE=rhel/);
+  t.match(env, /BUNDLE=centos/, "Deckhouse's bundle name for Rocky");
   t.match(env, /NODE_NAME=node-env/);
+  t.match(env, /D8_NODE_HOSTNAME=node-env/);
   t.match(env, /NODE_GROUP=worker/);
+  t.match(env, /FIRST_BASHIBLE_RUN=no/);
+  t.match(env, new RegExp(`BOOTSTRAP_DIR=${root}/var/lib/bashible`));
+  t.match(env, new RegExp(`HOME=${root}/var/lib/bashible`));
+  t.match(env, new RegExp(`TMPDIR=${root}/opt/deckhouse/tmp`));
+  t.match(env, /LANG=C\n/);
+  t.match(env, /LC_NUMERIC=C/);
+  t.match(env, new RegExp(`PATH=${root}/opt/deckhouse/bin:.*/usr/local/bin`));
   t.match(env, new RegExp(`BASHIBLE_ROOT=${root}`));
   t.match(env, /BASHIBLE_STEP=050_env/);
   t.match(env, /BASHIBLE_FIRST_RUN=false/);
+});
+
+t.test("scripts are sourced from a file, as Deckhouse runs them", async (t) => {
+  const root = await sandbox();
+  const b = makeBundle([
+    // A command reading stdin gets end-of-file, not the rest of the script.
+    script("050_stdin", `cat > "$BASHIBLE_ROOT/read"\necho after > "$BASHIBLE_ROOT/after"\n`),
+    // A top-level return ends the step successfully.
+    script("051_return", `echo before > "$BASHIBLE_ROOT/before"\nreturn 0\necho never > "$BASHIBLE_ROOT/never"\n`),
+    // -e and pipefail: a failing pipeline fails the step.
+    script("052_pipefail", `false | true\necho unreachable > "$BASHIBLE_ROOT/unreachable"\n`),
+  ]);
+  const file = await writeBundle(root, b, "../b-" + path.basename(root) + ".json");
+  const r = await bashible(["once", "--root", root, "--bundle", file, "--max-retries", "1", "--log-format", "json"]);
+  t.equal(r.status, 1, "052 fails the run");
+  t.equal(await readFile(path.join(root, "read"), "utf8"), "", "stdin was empty");
+  t.equal(await readFile(path.join(root, "after"), "utf8"), "after\n", "and the script went on");
+  t.equal(await readFile(path.join(root, "before"), "utf8"), "before\n");
+  await t.rejects(readFile(path.join(root, "never")), { code: "ENOENT" }, "return 0 ended the step");
+  await t.rejects(readFile(path.join(root, "unreachable")), { code: "ENOENT" }, "pipefail stopped 052");
+  const st = JSON.parse((await bashible(["status", "--root", root, "--json"])).stdout);
+  t.same(
+    st.steps.map((s: { name: string; outcome: string }) => `${s.name} ${s.outcome}`),
+    ["050_stdin changed", "051_return changed", "052_pipefail failed"],
+  );
+  t.equal(
+    await readFile(path.join(root, "var/lib/bashible/bundle_steps/051_return"), "utf8"),
+    b.steps[1]?.kind === "Script" ? b.steps[1].spec.script : "",
+  );
+});
+
+t.test("a script's output streams to the journal and the step log as it happens", async (t) => {
+  const root = await sandbox();
+  const b = makeBundle([script("050_talk", `echo "first line"\necho "to stderr" >&2\n`)]);
+  const file = await writeBundle(root, b, "../b-" + path.basename(root) + ".json");
+  const r = await bashible(["once", "--root", root, "--bundle", file, "--log-format", "json"]);
+  t.equal(r.status, 0);
+  const lines = r.stdout
+    .split("\n")
+    .filter(Boolean)
+    .map((l) => JSON.parse(l));
+  t.ok(
+    lines.some((l) => l.msg === "first line" && l.stream === "stdout" && l.step === "050_talk"),
+    "stdout line in the journal",
+  );
+  t.ok(
+    lines.some((l) => l.msg === "to stderr" && l.stream === "stderr"),
+    "stderr line in the journal",
+  );
+  t.match(await readFile(path.join(root, "var/log/d8/bashible/step.050_talk.log"), "utf8"), /first line\nto stderr\n/);
 });
 
 t.test("an unsupported OS is a clear error", async (t) => {
@@ -246,4 +307,38 @@ t.test("a torn status.json does not stop the daemon from converging", async (t) 
   t.equal(await readFile(path.join(root, "etc/hello/greeting"), "utf8"), "two node-1\n");
   const aside = await readdir(path.join(root, "var/lib/bashible/corrupt"));
   t.match(aside, [/^status\.json\.corrupt-/], "the torn file is kept aside for a person to read");
+});
+
+t.test("scripts use Deckhouse's helpers: bb-sync-file, events, and bb-flag-set reboot (a reboot last)", async (t) => {
+  const root = await sandbox();
+  await mkdir(path.join(root, "var/lib/bashible"), { recursive: true });
+  const b = makeBundle([
+    script(
+      "050_helpers",
+      [
+        `bb-event-on 'bb-sync-file-changed' '_changed'`,
+        `_changed() { echo "changed $1" >> "$BASHIBLE_ROOT/events"; }`,
+        `mkdir -p "$BASHIBLE_ROOT/etc/demo"`,
+        `echo "value=1" | bb-sync-file "$BASHIBLE_ROOT/etc/demo/app.conf" -`,
+        `bb-is-bundle > "$BASHIBLE_ROOT/bundle"`,
+        `bb-flag-set reboot`,
+      ].join("\n"),
+    ),
+  ]);
+  const file = await writeBundle(root, b, "../b-" + path.basename(root) + ".json");
+  const r = await bashible(["once", "--root", root, "--bundle", file, "--log-format", "json"]);
+  t.equal(r.status, 0, r.stdout + r.stderr);
+  t.equal(await readFile(path.join(root, "etc/demo/app.conf"), "utf8"), "value=1\n");
+  t.match(await readFile(path.join(root, "events"), "utf8"), /changed .*etc\/demo\/app\.conf/, "the handler ran");
+  t.equal((await readFile(path.join(root, "bundle"), "utf8")).trim(), "debian");
+  t.match(
+    await readFile(path.join(root, "var/lib/bashible/sandbox-actions.log"), "utf8"),
+    /reboot/,
+    "the flag set by the script made the run reboot last (no cluster: the operator approves)",
+  );
+  await t.rejects(
+    readFile(path.join(root, "var/lib/bashible/.bb-workspace/flag/reboot")),
+    { code: "ENOENT" },
+    "flag cleared",
+  );
 });

@@ -12,6 +12,9 @@ import { makeBundle } from "../fixtures/bundle.ts";
 import { acceptBundle } from "../../bundles/verify.ts";
 import type { BundleStep, CACertificatesSpec } from "../../bundles/types.ts";
 import { PATHS } from "../../bundles/paths.ts";
+import { requireRoot } from "../fixtures/root.ts";
+
+await requireRoot("the agent sets root ownership on what it writes");
 
 const SANDBOX_ACTIONS_LOG = PATHS.sandboxActions;
 

@@ -2,13 +2,16 @@
 // a bundle with NodeUsers, CACertificates, DeckhousePath and RegistryPackages plans, applies,
 // then plans nothing, and neither the proxy token nor a password hash reaches any output.
 import t from "tap";
-import { mkdir, readFile, writeFile } from "node:fs/promises";
+import { mkdir, readFile, rm, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { bashible } from "../fixtures/cli.ts";
 import { makeBundle, sandbox, treeHash, writeBundle } from "../fixtures/bundle.ts";
 import { withProxy } from "../fixtures/packages-proxy.ts";
 import { binaryPackage, buildLayer } from "../fixtures/registry.ts";
 import type { BundleStep } from "../../bundles/types.ts";
+import { requireRoot } from "../fixtures/root.ts";
+
+await requireRoot("NodeUsers and chown");
 
 const HASH = "$6$clisalt$R6bM3wQ0o0cliHashNotForOutputR6bM3wQ0o0cliHashNotForOutputR6bM3wQ0o0cliHash";
 
@@ -46,7 +49,7 @@ t.test("plan, once, plan: the part-1 steps converge a Debian tree through the CL
     },
     { name: "004_add_deckhouse_paths", kind: "DeckhousePath", spec: {} },
     {
-      name: "007_registry_packages",
+      name: "007_fetch_registry_packages",
       kind: "RegistryPackages",
       spec: { packages: [{ name: "jq", digest, repository: "deckhouse/packages/jq" }] },
     },
@@ -75,7 +78,7 @@ t.test("plan, once, plan: the part-1 steps converge a Debian tree through the CL
   t.ok(await readFile(path.join(root, "opt/deckhouse/bin/jq")));
   t.ok(await readFile(path.join(root, "etc/ssl/certs/bashible-cluster.pem")));
   t.ok(await readFile(path.join(root, "etc/profile.d/02-deckhouse-path.sh")));
-  for (const log of ["000_add_node_users", "007_registry_packages"]) {
+  for (const log of ["000_add_node_users", "007_fetch_registry_packages"]) {
     const text = await readFile(path.join(root, `var/log/d8/bashible/step.${log}.log`), "utf8").catch(() => "");
     secretsAbsent(`step log ${log}`, text);
   }
@@ -85,3 +88,48 @@ t.test("plan, once, plan: the part-1 steps converge a Debian tree through the CL
   const p2 = await bashible(["plan", "--root", root, "--bundle", file]);
   t.match(p2.stdout, /0 of 4 steps would change the node/, p2.stdout);
 });
+
+t.test(
+  "a custom script installs a registry package with bb-package-install (verified through the proxy)",
+  async (t) => {
+    const f = await withProxy(t);
+    const layer = await buildLayer(binaryPackage("yq", "4.4"));
+    const { digest } = await f.registry.pushPackage("deckhouse/packages/yq", "4.4", layer);
+    const root = await sandbox();
+    const steps: BundleStep[] = [
+      {
+        name: "050_tools",
+        kind: "Script",
+        spec: {
+          script: [
+            `bb-event-on 'bb-package-installed' '_installed'`,
+            `_installed() { echo "installed $1" >> "$BASHIBLE_ROOT/events"; }`,
+            `bb-package-install "yq:${digest}@deckhouse/packages/yq"`,
+          ].join("\n"),
+          weight: 50,
+          source: "NodeGroupConfiguration/tools",
+          bundles: [],
+        },
+      },
+    ];
+    const bundle = makeBundle(steps, {
+      context: { clusterCA: f.clusterCA, packagesProxy: { endpoints: [f.endpoint], token: f.token } },
+    });
+    const file = await writeBundle(path.dirname(root), bundle, `b-${path.basename(root)}.json`);
+    const r = await bashible(["once", "--root", root, "--bundle", file, "--log-format", "json"]);
+    t.equal(r.status, 0, r.stdout + r.stderr);
+    t.notOk((r.stdout + r.stderr).includes(f.token), "no token in any output");
+    t.ok(await readFile(path.join(root, "opt/deckhouse/bin/yq")), "installed by the package's install");
+    t.equal((await readFile(path.join(root, "var/cache/registrypackages/yq/digest"), "utf8")).trim(), digest);
+    t.equal(await readFile(path.join(root, "events"), "utf8"), "installed yq\n", "bb-package-installed fired");
+    // A forced run runs the script again: the package is at that digest, nothing is fetched, no event.
+    await rm(path.join(root, "var/lib/bashible/configuration_checksum"));
+    await writeFile(path.join(root, "events"), "");
+    const served = f.proxy.stats.served;
+    const again = await bashible(["once", "--root", root, "--bundle", file, "--log-format", "json"]);
+    t.equal(again.status, 0);
+    t.match(again.stdout, /NodeGroupConfiguration\/tools/, "the script ran again");
+    t.equal(f.proxy.stats.served, served, "nothing downloaded");
+    t.equal(await readFile(path.join(root, "events"), "utf8"), "", "skipped: no event");
+  },
+);

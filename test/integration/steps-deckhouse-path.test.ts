@@ -9,6 +9,9 @@ import { OS_RELEASE, stepEnv } from "../fixtures/steps.ts";
 import { treeHash } from "../fixtures/bundle.ts";
 import { PROFILE_CONTENT } from "../../steps/deckhouse-path.ts";
 import type { BundleStep } from "../../bundles/types.ts";
+import { requireRoot } from "../fixtures/root.ts";
+
+await requireRoot("the agent sets root ownership on what it writes");
 
 const execFileP = promisify(execFile);
 const bundleStep: BundleStep = { name: "004_add_deckhouse_paths", kind: "DeckhousePath", spec: {} };

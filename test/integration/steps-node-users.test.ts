@@ -12,6 +12,9 @@ import type { BundleStep, NodeUserSpec } from "../../bundles/types.ts";
 import type { KubeClient } from "../../lib/kube/client.ts";
 import type { StepStatus } from "../../agent/converge/state.ts";
 import { installCrds } from "../../cluster/crds/install.ts";
+import { requireRoot } from "../fixtures/root.ts";
+
+await requireRoot("the shadow tools and chown");
 
 const HASH_A = "$6$saltsaltsalt$6b5dVkQ0yJm8m1y0hN0Q3vHb2vQ0Yb2Q0vHb2vQ0Yb2Q0vHb2vQ0Yb2Q0vHb2vQ0Yb2Q0vHb2vQ0Yb2Q0v";
 const HASH_B = "$y$j9T$sEcReTsAlT$Zx1Zx1Zx1Zx1Zx1Zx1Zx1Zx1Zx1Zx1Zx1Zx1Zx1Zx1";

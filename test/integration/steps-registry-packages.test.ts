@@ -17,6 +17,9 @@ import { DOWNLOADS, fetchPolicy, OWNER_FILE, STORE } from "../../steps/registry-
 import type { BundleStep, RegistryPackageRef } from "../../bundles/types.ts";
 import type { PackageChange } from "../../steps/types.ts";
 import { freePort } from "../lib/control-plane.ts";
+import { requireRoot } from "../fixtures/root.ts";
+
+await requireRoot("the agent sets root ownership on what it writes");
 
 const execFileP = promisify(execFile);
 Object.assign(fetchPolicy, { idleTimeoutMs: 5000 });

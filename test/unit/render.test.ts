@@ -29,11 +29,11 @@ t.test("the example renders the built-in steps and the NGC in name order", async
   t.same(
     r.bundle.steps.map((s) => `${s.name}:${s.kind}`),
     [
+      "000_add_node_users:NodeUsers",
       "000_configure_kubernetes_api_proxy:KubernetesApiProxy",
-      "000_node_users:NodeUsers",
-      "003_ca_certificates:CACertificates",
-      "004_deckhouse_path:DeckhousePath",
-      "007_registry_packages:RegistryPackages",
+      "003_install_ca_certificates:CACertificates",
+      "004_add_deckhouse_paths:DeckhousePath",
+      "007_fetch_registry_packages:RegistryPackages",
       "032_configure_containerd:Containerd",
       "050_sysctl-tuning:Script",
       "064_configure_kubelet:Kubelet",
@@ -42,13 +42,13 @@ t.test("the example renders the built-in steps and the NGC in name order", async
     ],
   );
   const script = step(r, "Script");
-  t.match(script.spec.script, /tuning sysctls for node group worker/, "mustache rendered");
+  t.match(script.spec.script, /tuning sysctls for node group worker/, "Go template rendered");
   t.equal(r.checksum, bundleChecksum(r.bundle));
   t.match(r.checksum, /^[0-9a-f]{64}$/);
   t.equal(r.bundle.metadata.annotations?.["bashible.deckhouse.io/configuration-checksum"], r.checksum);
   t.same(
     step(r, "RegistryPackages").spec.packages.map((p) => `${p.name}@${p.repository}`),
-    ["containerd@registry.example.com/deckhouse/ce/packages", "kubelet@registry.example.com/deckhouse/ce/packages"],
+    ["containerd@deckhouse/ce/packages", "kubelet@deckhouse/ce/packages"],
     "the agent is not installed by 007: 080 checks it first",
   );
   const agent = step(r, "BashibleService").spec;
@@ -230,8 +230,8 @@ t.test("bad input gives an error naming the object", async (t) => {
   t.match(bad.message, /NodeGroup\/Bad_Name: invalid name/);
 
   const clash = inputs();
-  clash.configurations.push({ metadata: { name: "node_users" }, spec: { content: "true", weight: 0 } });
-  t.match(renderErr(clash).message, /NodeGroupConfiguration\/node_users: step name 000_node_users .* built-in/);
+  clash.configurations.push({ metadata: { name: "add_node_users" }, spec: { content: "true", weight: 0 } });
+  t.match(renderErr(clash).message, /NodeGroupConfiguration\/add_node_users: step name 000_add_node_users .* built-in/);
 
   const huge = inputs();
   huge.configurations[0]!.spec.content = `#!/bin/bash\n${"x".repeat(300 * 1024)}`;
@@ -252,8 +252,11 @@ t.test("bad input gives an error naming the object", async (t) => {
   t.match(renderErr(os).message, /NodeGroupConfiguration\/sysctl-tuning: unknown bundle 'windows'/);
 
   const tpl = inputs();
-  tpl.configurations[0]!.spec.content = "echo {{#nodeGroup}} unclosed";
-  t.match(renderErr(tpl).message, /NodeGroupConfiguration\/sysctl-tuning: template does not render: Unclosed section/);
+  tpl.configurations[0]!.spec.content = "echo start\n{{ if .nodeGroup.name }}\nunclosed";
+  t.match(
+    renderErr(tpl).message,
+    /NodeGroupConfiguration\/sysctl-tuning: spec.content line 2: \{\{ if .nodeGroup.name \}\}: \{\{if\}\} has no matching \{\{end\}\}/,
+  );
 
   const ctx = inputs();
   ctx.context.packages.bashible!.digest = "sha256:nope";
@@ -276,9 +279,10 @@ t.test("one group's bad input does not stop the others", async (t) => {
 
 t.test("NGC scripts cannot reach the packages proxy token", async (t) => {
   const i = inputs();
-  i.configurations[0]!.spec.content = "echo '{{packagesProxy.token}}' {{packagesProxy.endpoints}}";
+  i.configurations[0]!.spec.content =
+    "echo {{ .packagesProxy.addresses }}{{ if .packagesProxy.token }} leaked{{ end }}";
   const s = render(i).bundle.steps.find((x) => x.kind === "Script")!;
-  t.equal(s.kind === "Script" && s.spec.script, "echo '' 127.0.0.1:4219");
+  t.equal(s.kind === "Script" && s.spec.script, "echo [127.0.0.1:4219]");
 });
 
 t.test("bashibles and bootstrap carry the agent package and a cleanup script", async (t) => {

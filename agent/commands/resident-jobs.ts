@@ -1,0 +1,104 @@
+// The resident agent's jobs beside converge: early OOM and the local metrics endpoint, with
+// their `bashible run` options. Each is loaded only when on, so `--early-oom off
+// --metrics-address off` costs the resident process nothing.
+import path from "node:path";
+import { readFile } from "node:fs/promises";
+import { UsageError, type OptionSpec, type ParsedValues } from "../../lib/cli.ts";
+import type { KubeClient } from "../../lib/kube/client.ts";
+import type { Logger } from "../../lib/log/log.ts";
+import { processMetrics, Registry } from "../../lib/prometheus.ts";
+import type { EarlyOom, EarlyOomConfig } from "../early-oom/early-oom.ts";
+
+export const RESIDENT_OPTIONS: OptionSpec = {
+  "metrics-address": { type: "string" },
+  "early-oom": { type: "string" },
+  "early-oom-config": { type: "string" },
+  "proc-root": { type: "string" },
+  "cgroup-root": { type: "string" },
+};
+
+export const RESIDENT_HELP = `      --metrics-address HOST:PORT|off  Prometheus metrics at /metrics and early OOM's state at
+                          /early-oom (default 127.0.0.1:9650)
+      --early-oom on|off|dry-run  kill the right pod under memory pressure (default on); dry-run
+                          logs the decision and kills nothing
+      --early-oom-config FILE  early OOM settings as JSON (docs/early-oom.md); defaults fill the rest
+      --proc-root DIR     the /proc early OOM reads (default: /proc under --root)
+      --cgroup-root DIR   the /sys/fs/cgroup early OOM reads (default: under --root)`;
+
+export interface ResidentJobs {
+  registry: Registry;
+  earlyOom: EarlyOom | undefined;
+  stop(): Promise<void>;
+}
+
+export async function startResidentJobs(o: {
+  values: ParsedValues;
+  root: string;
+  log: Logger;
+  nodeName: string;
+  kube: () => KubeClient | undefined;
+}): Promise<ResidentJobs> {
+  const { values, root, log } = o;
+  const mode = (values["early-oom"] as string | undefined) ?? "on";
+  if (mode !== "on" && mode !== "off" && mode !== "dry-run")
+    throw new UsageError(`--early-oom must be on, off or dry-run, not '${mode}'`);
+  let settings: Partial<EarlyOomConfig> = {};
+  const file = values["early-oom-config"] as string | undefined;
+  if (file) {
+    try {
+      settings = JSON.parse(await readFile(file, "utf8")) as Partial<EarlyOomConfig>;
+    } catch (err) {
+      throw new UsageError(`--early-oom-config ${file}: ${(err as Error).message}`);
+    }
+  }
+  const address = (values["metrics-address"] as string | undefined) ?? "127.0.0.1:9650";
+
+  const registry = new Registry();
+  registry.collect(processMetrics);
+  let earlyOom: EarlyOom | undefined;
+  if (mode !== "off") {
+    const { EarlyOom, EarlyOomConfigError } = await import("../early-oom/early-oom.ts");
+    const procRoot = path.resolve((values["proc-root"] as string | undefined) ?? path.join(root, "proc"));
+    earlyOom = new EarlyOom({
+      procRoot,
+      cgroupRoot: path.resolve((values["cgroup-root"] as string | undefined) ?? path.join(root, "sys/fs/cgroup")),
+      sysrqPath: path.join(procRoot, "sysrq-trigger"),
+      nodeName: o.nodeName,
+      log,
+      kube: o.kube,
+      metrics: registry,
+    });
+    try {
+      earlyOom.configure({ ...settings, ...(mode === "dry-run" ? { dryRun: true } : {}) });
+    } catch (err) {
+      if (err instanceof EarlyOomConfigError) throw new UsageError(`--early-oom-config ${file}: ${err.message}`);
+      throw err;
+    }
+  }
+  let server: { close(): Promise<void> } | undefined;
+  if (address !== "off") {
+    const { startMetricsServer, MetricsAddressError } = await import("../metrics-server.ts");
+    const eo = earlyOom;
+    try {
+      const s = await startMetricsServer({
+        registry,
+        address,
+        log,
+        json: eo ? { "/early-oom": () => eo.status() } : {},
+      });
+      server = s;
+      log.info({ address: `${s.host}:${s.port}` }, "metrics endpoint listening");
+    } catch (err) {
+      if (err instanceof MetricsAddressError) throw new UsageError(err.message);
+      // Another agent (a test sandbox) may hold the port: metrics are worth a warning, not the node's converge.
+      log.warn(`metrics endpoint ${address} not started: ${(err as Error).message}`);
+    }
+  }
+  return {
+    registry,
+    earlyOom,
+    async stop() {
+      await Promise.all([earlyOom?.stop(), server?.close()]);
+    },
+  };
+}

@@ -1,0 +1,167 @@
+// Samples of the node's memory pressure, and the figures early OOM decides on: the share of a
+// trailing window spent in memory stall, computed from the kernel's cumulative `total`
+// counters (microseconds), not from avg10, which is a 10 s moving average that lags a sudden
+// stall by seconds; plus MemAvailable and the reclaim rate.
+import path from "node:path";
+import { type Psi, type Reclaim, parseMeminfo, parsePsi, parseVmstat, readSmallFile } from "./kernel-files.ts";
+
+export interface Sample {
+  /** Clock time of the reading, ms. */
+  t: number;
+  psi: Psi;
+  memAvailable: number | undefined;
+  memTotal: number | undefined;
+  reclaim: Reclaim | undefined;
+}
+
+export interface WindowFigures {
+  /** Span the shares cover, ms (at least the window once the history is long enough). */
+  spanMs: number;
+  /** Share of the span in which some task, and in which every non-idle task, waited on memory (0..1). */
+  some: number;
+  full: number;
+  /** The kernel's own full avg10, for comparison (0..1). */
+  fullAvg10: number;
+  memAvailable: number | undefined;
+  memTotal: number | undefined;
+  /** Pages scanned + refaulted per second over the span. */
+  reclaimPerSecond: number | undefined;
+  refaultPerSecond: number | undefined;
+}
+
+/** PSI is not there: no /proc/pressure (kernel without CONFIG_PSI, or booted with psi=0). */
+export class PsiUnavailableError extends Error {
+  override name = "PsiUnavailableError";
+}
+
+const UNAVAILABLE = new Set(["ENOENT", "EOPNOTSUPP", "ENOTSUP"]);
+
+export class Sampler {
+  readonly psiFile: string;
+  private readonly meminfoFile: string;
+  private readonly vmstatFile: string;
+  private history: Sample[] = [];
+  private readonly keepMs: number;
+  private readonly detailEveryMs: number;
+  private lastDetail = Number.NEGATIVE_INFINITY;
+
+  /**
+   * keepMs: how much history to keep. detailEveryMs: while the full stall counter stands still
+   * the trigger cannot fire, so /proc/meminfo and /proc/vmstat (most of a sample's cost) are read
+   * only this often, enough for a reclaim baseline when a stall begins.
+   */
+  constructor(procRoot: string, keepMs: number, detailEveryMs = 1000) {
+    this.psiFile = path.join(procRoot, "pressure/memory");
+    this.meminfoFile = path.join(procRoot, "meminfo");
+    this.vmstatFile = path.join(procRoot, "vmstat");
+    this.keepMs = keepMs;
+    this.detailEveryMs = detailEveryMs;
+  }
+
+  /** Reads the files. MemAvailable and vmstat are optional: their absence only weakens the second signal. */
+  read(t: number): Sample {
+    let text: string;
+    try {
+      text = readSmallFile(this.psiFile);
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code ?? "";
+      if (UNAVAILABLE.has(code)) throw new PsiUnavailableError(`${this.psiFile}: ${code}`);
+      throw err;
+    }
+    const psi = parsePsi(text);
+    if (!psi) throw new Error(`${this.psiFile}: not in the kernel's PSI format: ${JSON.stringify(text.slice(0, 120))}`);
+    let memAvailable: number | undefined;
+    let memTotal: number | undefined;
+    let reclaim: Reclaim | undefined;
+    const prev = this.history.at(-1);
+    if (prev && prev.psi.full.total === psi.full.total && t - this.lastDetail < this.detailEveryMs)
+      return { t, psi, memAvailable, memTotal, reclaim };
+    this.lastDetail = t;
+    try {
+      const m = parseMeminfo(readSmallFile(this.meminfoFile), ["MemTotal", "MemAvailable"]);
+      memAvailable = m.MemAvailable;
+      memTotal = m.MemTotal;
+    } catch {
+      // optional second signal; status() shows it as unknown
+    }
+    try {
+      reclaim = parseVmstat(readSmallFile(this.vmstatFile));
+    } catch {
+      // as above
+    }
+    return { t, psi, memAvailable, memTotal, reclaim };
+  }
+
+  push(s: Sample): void {
+    this.history.push(s);
+    const keepFrom = s.t - this.keepMs;
+    // Keep one sample at or before keepFrom, so a full window can still be measured.
+    let drop = 0;
+    while (drop + 1 < this.history.length && (this.history[drop + 1]?.t ?? Infinity) <= keepFrom) drop++;
+    if (drop) this.history.splice(0, drop);
+  }
+
+  get latest(): Sample | undefined {
+    return this.history.at(-1);
+  }
+
+  /** Forget the past (after a kill: the stall before it must not count toward the next decision). */
+  reset(): void {
+    const last = this.history.at(-1);
+    this.history = last ? [last] : [];
+  }
+
+  /** The newest sample taken at or before t, else the oldest one. */
+  private at(t: number): Sample | undefined {
+    let found: Sample | undefined;
+    for (const s of this.history) {
+      if (s.t <= t) found = s;
+      else break;
+    }
+    return found ?? this.history[0];
+  }
+
+  /** Figures over the trailing window ending at the latest sample; undefined until two samples exist. */
+  window(windowMs: number): WindowFigures | undefined {
+    const end = this.history.at(-1);
+    if (!end) return undefined;
+    return this.between(this.at(end.t - windowMs), end);
+  }
+
+  /** Reclaim and refault rates from time `from` to the latest sample. */
+  rates(from: number): Pick<WindowFigures, "reclaimPerSecond" | "refaultPerSecond"> {
+    const end = this.history.at(-1);
+    const start = this.at(from);
+    const f = end && start ? this.between(start, end) : undefined;
+    return { reclaimPerSecond: f?.reclaimPerSecond, refaultPerSecond: f?.refaultPerSecond };
+  }
+
+  private between(a: Sample | undefined, b: Sample): WindowFigures | undefined {
+    if (!a || b.t <= a.t) return undefined;
+    const spanMs = b.t - a.t;
+    const share = (x: number, y: number) => Math.min(1, Math.max(0, (y - x) / (spanMs * 1000)));
+    // Reclaim counters are not in every sample: the nearest ones inside [a, b] with them.
+    const inside = this.history.filter((s) => s.t >= a.t && s.t <= b.t && s.reclaim);
+    const ra = inside[0];
+    const rb = inside.at(-1);
+    let r: { reclaim: number; refault: number } | undefined;
+    if (ra?.reclaim && rb?.reclaim && rb.t > ra.t) {
+      const perSecond = (x: number, y: number) => (Math.max(0, y - x) * 1000) / (rb.t - ra.t);
+      r = {
+        reclaim: perSecond(ra.reclaim.pgscan + ra.reclaim.refault, rb.reclaim.pgscan + rb.reclaim.refault),
+        refault: perSecond(ra.reclaim.refault, rb.reclaim.refault),
+      };
+    }
+    const mem = this.history.findLast((s) => s.t <= b.t && s.memTotal !== undefined);
+    return {
+      spanMs,
+      some: share(a.psi.some.total, b.psi.some.total),
+      full: share(a.psi.full.total, b.psi.full.total),
+      fullAvg10: b.psi.full.avg10 / 100,
+      memAvailable: mem?.memAvailable,
+      memTotal: mem?.memTotal,
+      reclaimPerSecond: r?.reclaim,
+      refaultPerSecond: r?.refault,
+    };
+  }
+}
