@@ -141,6 +141,18 @@ export const STEP_SPECS = {
       ),
     }),
     featureGates: record(bool(), { key: /^[A-Za-z0-9]{1,100}$/ }),
+    seccompDefault: opt(bool()),
+    /** NodeGroup kubelet.topologyManager, when enabled (the kubelet's own spelling). */
+    topologyManager: opt(
+      obj({
+        policy: oneOf(["none", "best-effort", "restricted", "single-numa-node"] as const),
+        scope: oneOf(["container", "pod"] as const),
+      }),
+    ),
+    /** NodeGroup kubelet.memorySwap.swapBehavior: swap allowed on the node (failSwapOn: false). */
+    swapBehavior: opt(oneOf(["NoSwap", "LimitedSwap"] as const)),
+    /** The CRI socket when containerd is not managed (NodeGroup cri.notManaged.criSocketPath); absent: containerd's. */
+    criSocket: opt(str({ max: 256, pattern: ABS_PATH, what: "an absolute path" })),
     /** The kubelet's --root-dir; absent: /var/lib/kubelet. */
     rootDir: opt(str({ max: 256, pattern: ABS_PATH, what: "an absolute path" })),
     /** Registered with the Node (node.deckhouse.io/group, node.deckhouse.io/type, the NodeGroup's nodeTemplate labels). */

@@ -116,20 +116,26 @@ export function renderConfig(spec: KubeletSpec, m: MachineFacts): string {
     clusterDomain: spec.clusterDomain,
     containerLogMaxFiles: spec.containerLogMaxFiles,
     containerLogMaxSize: spec.containerLogMaxSize,
-    containerRuntimeEndpoint: `unix://${PATHS.containerdSocket}`,
+    containerRuntimeEndpoint: `unix://${spec.criSocket ?? PATHS.containerdSocket}`,
     evictionHard: sorted(spec.evictionHard),
     ...(Object.keys(spec.evictionSoft).length
       ? { evictionSoft: sorted(spec.evictionSoft), evictionSoftGracePeriod: sorted(spec.evictionSoftGracePeriod) }
       : {}),
     // Kubernetes 1.31+ refuses cgroup v1 unless told; on a cgroup v1 machine it is told.
     ...(m.cgroupV1 ? { failCgroupV1: false } : {}),
+    ...(spec.swapBehavior ? { failSwapOn: false } : {}),
     ...(Object.keys(spec.featureGates).length ? { featureGates: sorted(spec.featureGates) } : {}),
     maxPods: spec.maxPods,
+    ...(spec.swapBehavior ? { memorySwap: { swapBehavior: spec.swapBehavior } } : {}),
     readOnlyPort: 0,
     rotateCertificates: true,
     serverTLSBootstrap: true,
     staticPodPath: STATIC_PODS,
+    ...(spec.seccompDefault !== undefined ? { seccompDefault: spec.seccompDefault } : {}),
     ...(Object.keys(reserved).length ? { systemReserved: reserved } : {}),
+    ...(spec.topologyManager
+      ? { topologyManagerPolicy: spec.topologyManager.policy, topologyManagerScope: spec.topologyManager.scope }
+      : {}),
   };
   return `# Managed by bashible (064_configure_kubelet); changes restart ${UNIT}.\n${stringify(config, { lineWidth: 0 })}`;
 }

@@ -265,6 +265,23 @@ export const KUBELET_DEFAULTS = {
 } as const;
 export const DEFAULT_SANDBOX_IMAGE = "registry.k8s.io/pause:3.10";
 
+/** The CRD's spellings of the kubelet's topology manager policies. */
+const TOPOLOGY_POLICIES: Record<string, string> = {
+  None: "none",
+  BestEffort: "best-effort",
+  Restricted: "restricted",
+  SingleNumaNode: "single-numa-node",
+};
+
+/** resourceReservation.static values are int-or-string in the CRD; the kubelet reads strings. */
+function quantities(q: { cpu?: string | number; memory?: string | number; ephemeralStorage?: string | number }) {
+  return Object.fromEntries(
+    Object.entries(q)
+      .filter(([, v]) => v !== undefined && v !== null)
+      .map(([k, v]) => [k, String(v)]),
+  );
+}
+
 /** A rendered spec checked against the contract, so a bad input is the renderer's error naming its source. */
 function checked<K extends StepKind>(kind: K, spec: unknown, source: string, step: string): SpecOf<K> {
   try {
@@ -316,7 +333,8 @@ function nodeSoftware(
         cgroupDriver,
         sandboxImage: ctx.images?.pause ?? DEFAULT_SANDBOX_IMAGE,
         snapshotter: "overlayfs",
-        maxConcurrentDownloads: spec.cri?.containerd?.maxConcurrentDownloads ?? 3,
+        maxConcurrentDownloads:
+          (cri === "ContainerdV2" ? spec.cri?.containerdV2 : spec.cri?.containerd)?.maxConcurrentDownloads ?? 3,
         registries: r
           ? [
               {
@@ -360,9 +378,22 @@ function nodeSoftware(
         ),
         resourceReservation: {
           mode: k.resourceReservation?.mode ?? "Auto",
-          ...(k.resourceReservation?.static ? { static: { ...k.resourceReservation.static } } : {}),
+          ...(k.resourceReservation?.static ? { static: quantities(k.resourceReservation.static) } : {}),
         },
         featureGates: { ...(ctx.kubelet?.featureGates ?? {}) },
+        ...(k.seccompDefault !== undefined ? { seccompDefault: k.seccompDefault } : {}),
+        ...(k.topologyManager?.enabled
+          ? {
+              topologyManager: {
+                policy: TOPOLOGY_POLICIES[k.topologyManager.policy ?? "None"] ?? k.topologyManager.policy,
+                scope: (k.topologyManager.scope ?? "Container").toLowerCase(),
+              },
+            }
+          : {}),
+        ...(k.memorySwap?.swapBehavior ? { swapBehavior: k.memorySwap.swapBehavior } : {}),
+        ...(cri === "NotManaged" && spec.cri?.notManaged?.criSocketPath
+          ? { criSocket: spec.cri.notManaged.criSocketPath }
+          : {}),
         ...(k.rootDir ? { rootDir: k.rootDir } : {}),
         nodeLabels: labels,
         nodeTaints: [

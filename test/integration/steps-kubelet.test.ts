@@ -205,3 +205,30 @@ t.test("069_start_kubelet: waits for the client certificate, or says what to che
   t.equal((await running).outcome, "changed", "done once the certificate is there");
   t.same((await env.plan(start(60))).changes, [], "and then there is nothing to wait for");
 });
+
+t.test(
+  "kubelet: seccomp, topology manager, swap and a CRI socket of its own pass the kubelet's check",
+  { skip },
+  async (t) => {
+    const { env, ca } = await tree(t);
+    const s = kubeletStep(
+      spec({
+        seccompDefault: true,
+        topologyManager: { policy: "best-effort", scope: "pod" },
+        swapBehavior: "LimitedSwap",
+        criSocket: "/run/crio/crio.sock",
+      }),
+    );
+    const r = await env.apply(s, { context: { clusterCA: ca } });
+    t.equal(r.outcome, "changed", r.error ?? "");
+    const config = parse(await readFile(path.join(env.root, PATHS.kubeletConfig), "utf8")) as Record<string, unknown>;
+    t.match(config, {
+      seccompDefault: true,
+      topologyManagerPolicy: "best-effort",
+      topologyManagerScope: "pod",
+      memorySwap: { swapBehavior: "LimitedSwap" },
+      failSwapOn: false,
+      containerRuntimeEndpoint: "unix:///run/crio/crio.sock",
+    });
+  },
+);

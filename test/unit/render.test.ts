@@ -113,6 +113,28 @@ t.test("NodeGroup kubelet, cri and nodeTemplate reach the kubelet and containerd
   );
 });
 
+t.test(
+  "kubelet extras: seccomp, topology manager, swap, static reservation numbers, a CRI socket of its own",
+  async (t) => {
+    const ng = worker();
+    ng.spec.kubelet = {
+      seccompDefault: true,
+      topologyManager: { enabled: true, policy: "SingleNumaNode", scope: "Pod" },
+      memorySwap: { swapBehavior: "LimitedSwap" },
+      resourceReservation: { mode: "Static", static: { cpu: 1, memory: "2Gi" } },
+    };
+    ng.spec.cri = { type: "NotManaged", notManaged: { criSocketPath: "/run/crio/crio.sock" } };
+    const k = step(render(inputs({ nodeGroups: [ng] }), ng), "Kubelet").spec;
+    t.equal(k.seccompDefault, true);
+    t.same(k.topologyManager, { policy: "single-numa-node", scope: "pod" });
+    t.equal(k.swapBehavior, "LimitedSwap");
+    t.same(k.resourceReservation.static, { cpu: "1", memory: "2Gi" });
+    t.equal(k.criSocket, "/run/crio/crio.sock");
+    ng.spec.kubelet = { topologyManager: { enabled: false, policy: "Restricted" } };
+    t.notOk(step(render(inputs({ nodeGroups: [ng] }), ng), "Kubelet").spec.topologyManager, "disabled: left out");
+  },
+);
+
 t.test("cri.type picks the containerd package; NotManaged leaves containerd alone", async (t) => {
   const i = inputs();
   i.context.packages.containerd2 = { digest: `sha256:${"4".repeat(64)}` };
