@@ -19,6 +19,7 @@ const COMMANDS: Record<string, () => Promise<{ default: Command }>> = {
   version: () => import("./commands/version.ts"),
   "internal-connections": () => import("./commands/connections.ts"),
   server: () => import("../cluster/command.ts"),
+  controllers: () => import("../cluster/controllers/command.ts"),
 };
 
 const GLOBAL_OPTIONS: OptionSpec = {

@@ -28,6 +28,10 @@ export const NODE_KEYS = {
   draining: "update.node.deckhouse.io/draining",
   drained: "update.node.deckhouse.io/drained",
   reboot: "update.node.deckhouse.io/reboot",
+  /** Ours: when the controller began draining the node (RFC 3339), so a new leader keeps the deadline. */
+  drainStartedAt: "bashible.deckhouse.io/drain-started-at",
+  /** Ours: the controller set spec.unschedulable, so it (and only it) uncordons afterwards. */
+  cordoned: "bashible.deckhouse.io/cordoned",
   fencingEnabled: "node-manager.deckhouse.io/fencing-enabled",
   fencingMode: "node-manager.deckhouse.io/fencing-mode",
   fencingDisable: "node-manager.deckhouse.io/fencing-disable",
@@ -42,6 +46,17 @@ export const EVENTS = {
   nodeUpdate: "BashibleNodeUpdate",
   bundleRejected: "BashibleBundleRejected",
   earlyOomKilled: "EarlyOOMKilled",
+  /** The update controllers: what they did to a Node, or why it waits. */
+  updateApproved: "BashibleUpdateApproved",
+  updateWaiting: "BashibleUpdateWaiting",
+  updateFinished: "BashibleUpdateFinished",
+  disruptionApproved: "BashibleDisruptionApproved",
+  disruptionWaiting: "BashibleDisruptionWaiting",
+  rollingUpdate: "BashibleRollingUpdate",
+  draining: "BashibleDraining",
+  evictionRefused: "BashibleEvictionRefused",
+  drained: "BashibleDrained",
+  groupMisconfigured: "BashibleNodeGroupInvalid",
 } as const;
 
 /**

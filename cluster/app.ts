@@ -1,8 +1,14 @@
 // Wires the bundle server together: a source (Kubernetes API or a directory), the render loop,
 // the store and watch hub, the HTTPS API, and — with a Kubernetes client — the checksums
 // Secret, render-failure Events and manual-bootstrap Secrets.
+//
+// With a Kubernetes client every replica renders and serves; the writers (checksums and
+// manual-bootstrap Secrets, render Events) run only on the replica holding Lease
+// bashible-server, and the update controllers only on the one holding bashible-controllers.
+// Replicas serve a group at the checksum the Secret names (checksum-gate.ts), so a node sees
+// the same bundle whichever replica answers, and never an older one after its watch moves.
 import { X509Certificate } from "node:crypto";
-import type { KubeClient } from "../lib/kube/client.ts";
+import { KubeClient } from "../lib/kube/client.ts";
 import { createEvent } from "../lib/kube/api.ts";
 import { isNotFound } from "../lib/kube/errors.ts";
 import type { Logger } from "../lib/log/log.ts";
@@ -13,6 +19,10 @@ import { Metrics } from "./server/metrics.ts";
 import { serve, type RunningServer } from "./server/server.ts";
 import { BundleStore } from "./server/store.ts";
 import { WatchHub } from "./server/watch.ts";
+import { ChecksumGate } from "./checksum-gate.ts";
+import { freshness } from "./freshness.ts";
+import { LEASES, whileLeading, type Leadership, type LeaseTiming } from "./leadership.ts";
+import { runControllers, type RunControllersOptions } from "./controllers/run.ts";
 import { DirectorySource } from "./sources/directory.ts";
 import { KubeSource } from "./sources/kube.ts";
 import type { Source } from "./sources/types.ts";
@@ -30,8 +40,18 @@ export interface AppOptions {
   clientCAPems?: Buffer[] | undefined;
   host?: string;
   port?: number;
-  /** Write checksums / bootstrap Secrets / Events (needs `kube`); on by default with `kube`. */
+  /**
+   * Write checksums / bootstrap Secrets / Events (needs `kube`), as the leader of Lease
+   * bashible-server; on by default with `kube`. Off: a read-only replica that serves what it
+   * renders and elects nothing.
+   */
   manageSecrets?: boolean;
+  /** The update controllers (leader-elected; needs `kube` and manageSecrets); on by default. */
+  controllers?: Omit<RunControllersOptions, "client" | "log" | "namespace"> | false;
+  /** Leader election timing for both Leases. */
+  lease?: LeaseTiming;
+  /** Let several server processes on one host listen on the same port. */
+  reusePort?: boolean;
   nodeCacheTtlMs?: number;
   now?: () => number;
 }
@@ -41,6 +61,8 @@ export interface App {
   store: BundleStore;
   metrics: Metrics;
   loop: RenderLoop;
+  /** Whether this replica leads the writers (always true without leader election). */
+  readonly leading: boolean;
   /** Resolves after the next render pass triggered now (tests). */
   renderNow(): Promise<void>;
   stop(): Promise<void>;
@@ -97,7 +119,9 @@ export async function startBundleServer(o: AppOptions): Promise<App> {
   const { log } = o;
   const namespace = o.namespace ?? NAMESPACE;
   const metrics = new Metrics();
-  const store = new BundleStore();
+  const kube = o.kube;
+  const manage = (o.manageSecrets ?? true) && kube !== undefined;
+  const store = new BundleStore({ revisions: manage });
   const hub = new WatchHub(store, (n) => metrics.watchers.set({}, n));
   let source: Source;
   if (o.configDir) {
@@ -109,15 +133,21 @@ export async function startBundleServer(o: AppOptions): Promise<App> {
   } else {
     throw new Error("startBundleServer: needs configDir or a Kubernetes client");
   }
-  const kube = o.kube;
-  const manage = (o.manageSecrets ?? true) && kube !== undefined;
   const now = o.now ?? Date.now;
+  // Replicas: serve what the Secret names, and write only while leading.
+  const gate = manage && kube ? new ChecksumGate(kube, namespace, log) : undefined;
+  let leading = false;
   const loop = new RenderLoop(
-    { source, store, metrics, log, now },
+    { source, store, metrics, log, now, gate },
     manage && kube
       ? {
-          onChecksums: (c) => writeChecksums(kube, c, { namespace }).then(() => undefined),
+          onChecksums: async (c) => {
+            if (!leading) return false;
+            await writeChecksums(kube, c, { namespace, onSecret: (s) => gate?.note(s) });
+            return true;
+          },
           onRenderError: async (group, err) => {
+            if (!leading) return;
             const ng = source.snapshot().inputs.nodeGroups.find((g) => g.metadata.name === group);
             await createEvent(kube, {
               namespace: "default",
@@ -128,17 +158,52 @@ export async function startBundleServer(o: AppOptions): Promise<App> {
               component: "bashible-server",
             });
           },
-          onRendered: (inputs, served) =>
-            reconcileBootstrapSecrets(kube, inputs, served, { now: now(), log, namespace }),
-          onConfigurationError: (name, error, groups) => reportConfiguration(kube, source, name, error, groups, now()),
+          onRendered: async (inputs, served) => {
+            if (leading) await reconcileBootstrapSecrets(kube, inputs, served, { now: now(), log, namespace });
+          },
+          onConfigurationError: async (name, error, groups) => {
+            if (leading) await reportConfiguration(kube, source, name, error, groups, now());
+          },
         }
       : {},
   );
 
   let firstPass = false;
+  await gate?.start();
   await source.start(() => loop.trigger());
   await loop.runOnce();
   firstPass = true;
+
+  const leaderships: Leadership[] = [];
+  const clients: KubeClient[] = [];
+  if (manage && kube) {
+    leaderships.push(
+      whileLeading({ client: kube, namespace, name: LEASES.server, log, ...o.lease }, (signal) => {
+        // Render from inputs at least as new as the last leader's before writing anything, so
+        // the Secret never goes back to an older checksum.
+        void (async () => {
+          try {
+            await source.resync?.();
+          } catch (err) {
+            log.warn({ err: (err as Error).message }, "cannot re-read the inputs; rendering from the cache");
+          }
+          if (signal.aborted) return;
+          leading = true;
+          loop.forgetWrites();
+          await loop.runOnce();
+        })();
+        signal.addEventListener("abort", () => {
+          leading = false;
+        });
+      }),
+    );
+    if (o.controllers !== false) {
+      // Their own connections: a watch per draining node must not queue the server's requests.
+      const client = new KubeClient(kube.connection, { userAgent: "bashible-controller", maxSockets: 64 });
+      clients.push(client);
+      leaderships.push(runControllers({ ...o.lease, ...o.controllers, client, log, namespace }));
+    }
+  }
   // Bootstrap tokens age without any input changing: look again every 10 minutes.
   const renewTimer = manage ? setInterval(() => loop.trigger(), 10 * 60_000) : undefined;
   renewTimer?.unref();
@@ -161,10 +226,14 @@ export async function startBundleServer(o: AppOptions): Promise<App> {
       clientCAPems: [...(o.requestHeader?.caPems ?? []), ...(o.clientCAPems ?? [])],
       host: o.host ?? "0.0.0.0",
       port: o.port ?? 9443,
+      reusePort: o.reusePort,
+      fresh: gate ? freshness(store, gate, loop) : undefined,
     });
   } catch (err) {
+    await Promise.all(leaderships.map((l) => l.stop()));
     loop.stop();
     source.stop();
+    gate?.stop();
     throw err;
   }
   log.info(
@@ -182,11 +251,18 @@ export async function startBundleServer(o: AppOptions): Promise<App> {
     store,
     metrics,
     loop,
+    get leading() {
+      return gate ? leading : true;
+    },
     renderNow: () => loop.runOnce(),
     async stop() {
       clearInterval(renewTimer);
+      // Give the Leases up first, so another replica takes over at once.
+      await Promise.all(leaderships.map((l) => l.stop()));
       loop.stop();
       source.stop();
+      gate?.stop();
+      for (const c of clients) c.close();
       await server.close();
     },
   };

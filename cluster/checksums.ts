@@ -14,7 +14,7 @@ const b64 = (s: string) => Buffer.from(s, "utf8").toString("base64");
 export async function writeChecksums(
   client: KubeClient,
   checksums: ReadonlyMap<string, string>,
-  opts: { attempts?: number; namespace?: string } = {},
+  opts: { attempts?: number; namespace?: string; onSecret?: (secret: KubeObject) => void } = {},
 ): Promise<boolean> {
   const namespace = opts.namespace ?? NAMESPACE;
   const data = Object.fromEntries([...checksums].sort(([a], [b]) => (a < b ? -1 : 1)).map(([g, c]) => [g, b64(c)]));
@@ -28,21 +28,25 @@ export async function writeChecksums(
         if (!isNotFound(err)) throw err;
       }
       if (!current) {
-        await createSecret(client, {
+        const created = await createSecret(client, {
           apiVersion: "v1",
           kind: "Secret",
           type: "Opaque",
           metadata: { name: CHECKSUMS_SECRET, namespace, labels: { app: "bashible-apiserver" } },
           data,
         });
+        opts.onSecret?.(created);
         return true;
       }
       const existing = (current.data as Record<string, string> | undefined) ?? {};
       const same =
         Object.keys(existing).length === Object.keys(data).length &&
         Object.entries(data).every(([k, v]) => existing[k] === v);
-      if (same) return false;
-      await updateSecret(client, { ...current, data });
+      if (same) {
+        opts.onSecret?.(current);
+        return false;
+      }
+      opts.onSecret?.(await updateSecret(client, { ...current, data }));
       return true;
     } catch (err) {
       // 409: someone wrote between our read and write (or created it first): read again.

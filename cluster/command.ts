@@ -6,26 +6,13 @@ import v8 from "node:v8";
 import path from "node:path";
 import { EXIT, UsageError, type Command } from "../lib/cli.ts";
 import { KubeClient } from "../lib/kube/client.ts";
-import { loadKubeconfig, type KubeConnection } from "../lib/kube/kubeconfig.ts";
+import { loadKubeconfig } from "../lib/kube/kubeconfig.ts";
+import { inClusterConnection } from "./in-cluster.ts";
 import { startBundleServer } from "./app.ts";
 import { NAMESPACE } from "./checksums.ts";
 import { installCrds } from "./crds/install.ts";
+import { CONTROLLER_FLAGS, CONTROLLER_FLAGS_HELP, controllerSettings } from "./controllers/command.ts";
 import { asset } from "../lib/assets.ts";
-
-const SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount";
-
-async function inClusterConnection(): Promise<KubeConnection> {
-  const host = process.env.KUBERNETES_SERVICE_HOST;
-  const port = process.env.KUBERNETES_SERVICE_PORT ?? "443";
-  if (!host)
-    throw new UsageError("not in a cluster (KUBERNETES_SERVICE_HOST unset); pass --kubeconfig or --config-dir");
-  return {
-    server: `https://${host.includes(":") ? `[${host}]` : host}:${port}`,
-    ca: await readFile(path.join(SA_DIR, "ca.crt")),
-    token: (await readFile(path.join(SA_DIR, "token"), "utf8")).trim(),
-    source: SA_DIR,
-  };
-}
 
 /** Standalone without given certificates: a CA, a serving certificate and an admin client certificate. */
 async function selfSigned(certDir: string, hosts: string[]) {
@@ -37,6 +24,30 @@ async function selfSigned(certDir: string, hosts: string[]) {
   const serving = await issueCert(certDir, "serving", ca, { cn: "bashible-server", dnsNames, ips });
   const admin = await issueCert(certDir, "admin", ca, { cn: "admin", orgs: ["system:masters"], client: true });
   return { ca, serving, admin };
+}
+
+/** kube-system/extension-apiserver-authentication: requestheader-client-ca-file and -allowed-names. */
+async function frontProxyFromCluster(kube: KubeClient): Promise<{ ca: Buffer; allowedNames: string[] | undefined }> {
+  const where = "ConfigMap kube-system/extension-apiserver-authentication";
+  let cm: { data?: Record<string, string> };
+  try {
+    cm = await kube.request("GET", "/api/v1/namespaces/kube-system/configmaps/extension-apiserver-authentication");
+  } catch (err) {
+    throw new UsageError(
+      `no --requestheader-client-ca-file, and cannot read ${where}: ${(err as Error).message} (bind Role extension-apiserver-authentication-reader, see cluster/deploy/rbac.yaml)`,
+    );
+  }
+  const ca = cm.data?.["requestheader-client-ca-file"];
+  if (!ca)
+    throw new UsageError(`${where} has no requestheader-client-ca-file: the API server runs without a front proxy`);
+  let allowedNames: string[] | undefined;
+  try {
+    const names = JSON.parse(cm.data?.["requestheader-allowed-names"] ?? "[]") as string[];
+    allowedNames = names.length ? names : undefined;
+  } catch {
+    throw new UsageError(`${where}: requestheader-allowed-names is not a JSON list`);
+  }
+  return { ca: Buffer.from(ca), allowedNames };
 }
 
 const command: Command = {
@@ -56,7 +67,14 @@ Inputs (one of):
                               refuses, changing nothing, if one exists that it did not install
                               (no label heritage=bashible, e.g. Deckhouse's)
       --force-crds            with --install-crds: replace such CRDs too
-      --no-manage-secrets     with a cluster: do not write checksums/bootstrap Secrets or Events
+      --no-manage-secrets     with a cluster: a read-only replica: no Secrets, Events, controllers or
+                              leader election; serves what it renders
+
+Replicas (with a cluster): every replica serves; the checksums and manual-bootstrap Secrets and
+render Events are written by the holder of Lease bashible-server, the update controllers run on
+the holder of Lease bashible-controllers (see docs/controllers.md).
+      --no-controllers        do not run the update controllers here (run \`bashible controllers\`)
+${CONTROLLER_FLAGS_HELP}
 
 Serving:
       --address ADDR          listen address (default 0.0.0.0)
@@ -64,7 +82,8 @@ Serving:
       --tls-cert-file FILE    serving certificate (PEM); --tls-private-key-file FILE its key
       --requestheader-client-ca-file FILE
                               front-proxy CA: requests with its client certificate carry the user
-                              in X-Remote-User / X-Remote-Group (aggregated API mode)
+                              in X-Remote-User / X-Remote-Group (aggregated API mode). Default with
+                              a cluster: from ConfigMap kube-system/extension-apiserver-authentication
       --requestheader-allowed-names LIST
                               allowed front-proxy CNs, comma-separated (default front-proxy-client)
       --client-ca-file FILE   CA for user client certificates (CN = user, O = groups)
@@ -72,6 +91,7 @@ Serving:
                               --tls-cert-file, writes a CA, serving and admin client certificate to
                               --cert-dir (default $TMPDIR/bashible-server) and trusts that CA
       --cert-dir DIR          where --standalone writes its certificates
+      --reuse-port            share the port with other server processes on this host
 
 See docs/cluster.md for the formats and the authorization model.`,
   options: {
@@ -81,6 +101,9 @@ See docs/cluster.md for the formats and the authorization model.`,
     "install-crds": { type: "boolean" },
     "force-crds": { type: "boolean" },
     "no-manage-secrets": { type: "boolean" },
+    "no-controllers": { type: "boolean" },
+    "reuse-port": { type: "boolean" },
+    ...CONTROLLER_FLAGS,
     namespace: { type: "string" },
     address: { type: "string" },
     port: { type: "string" },
@@ -103,11 +126,13 @@ See docs/cluster.md for the formats and the authorization model.`,
     if (!Number.isInteger(port) || port < 0 || port > 65535)
       throw new UsageError(`--port '${str("port")}' is not a port`);
     const address = str("address") ?? "0.0.0.0";
+    const settings = controllerSettings(v);
 
     let kube: KubeClient | undefined;
-    if (str("kubeconfig"))
-      kube = new KubeClient(await loadKubeconfig(str("kubeconfig")!), { userAgent: "bashible-server" });
-    else if (v["in-cluster"]) kube = new KubeClient(await inClusterConnection(), { userAgent: "bashible-server" });
+    // Five watches (inputs, checksums Secret) hold connections; writes and lookups need more.
+    const clientOpts = { userAgent: "bashible-server", maxSockets: 32 };
+    if (str("kubeconfig")) kube = new KubeClient(await loadKubeconfig(str("kubeconfig")!), clientOpts);
+    else if (v["in-cluster"]) kube = new KubeClient(await inClusterConnection(), clientOpts);
     const configDir = str("config-dir") ?? (kube ? undefined : asset("examples/cluster"));
     if (configDir && !existsSync(configDir)) throw new UsageError(`--config-dir ${configDir} does not exist`);
     if (v["force-crds"] && !v["install-crds"]) throw new UsageError("--force-crds goes with --install-crds");
@@ -129,7 +154,16 @@ See docs/cluster.md for the formats and the authorization model.`,
     let cert = await read("tls-cert-file");
     let key = await read("tls-private-key-file");
     let clientCA = await read("client-ca-file");
-    const requestHeaderCA = await read("requestheader-client-ca-file");
+    let requestHeaderCA: Buffer | undefined = await read("requestheader-client-ca-file");
+    let allowedNames = str("requestheader-allowed-names")?.split(",").filter(Boolean);
+    if (!requestHeaderCA && !clientCA && kube && !v.standalone) {
+      // As an aggregated API server does: the front proxy's CA and names from the ConfigMap the
+      // API server publishes (readable through Role extension-apiserver-authentication-reader).
+      const fromCluster = await frontProxyFromCluster(kube);
+      requestHeaderCA = fromCluster.ca;
+      allowedNames ??= fromCluster.allowedNames;
+      log.info({ allowedNames }, "front-proxy CA from kube-system/extension-apiserver-authentication");
+    }
     if (!!cert !== !!key) throw new UsageError("--tls-cert-file and --tls-private-key-file go together");
     if (!cert) {
       if (!v.standalone) throw new UsageError("--tls-cert-file is required (or --standalone for a self-signed one)");
@@ -158,13 +192,18 @@ See docs/cluster.md for the formats and the authorization model.`,
       requestHeader: requestHeaderCA
         ? {
             caPems: [requestHeaderCA],
-            allowedNames: (str("requestheader-allowed-names") ?? "front-proxy-client").split(",").filter(Boolean),
+            allowedNames: allowedNames?.length ? allowedNames : ["front-proxy-client"],
           }
         : undefined,
       clientCAPems: clientCA ? [clientCA] : undefined,
       host: address,
       port,
       manageSecrets: !v["no-manage-secrets"],
+      controllers: v["no-controllers"]
+        ? false
+        : { controller: { evictionRetryMs: settings.evictionRetryMs, drainTimeoutMs: settings.drainTimeoutMs } },
+      lease: { leaseDurationSeconds: settings.leaseDurationSeconds },
+      reusePort: v["reuse-port"] === true,
     });
     await new Promise<void>((resolve) => {
       const stop = () => resolve();

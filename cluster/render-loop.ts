@@ -11,10 +11,14 @@ import { renderAll, selects, type RenderedGroup } from "./render/render.ts";
 import type { Metrics } from "./server/metrics.ts";
 import type { BundleStore } from "./server/store.ts";
 import type { Source } from "./sources/types.ts";
+import type { ChecksumGate } from "./checksum-gate.ts";
 
 export interface RenderLoopHooks {
-  /** Called after each pass with every served group's checksum (only when the set changed). */
-  onChecksums?: (checksums: ReadonlyMap<string, string>) => Promise<void>;
+  /**
+   * Called after each pass with every rendered group's checksum (only when the set changed).
+   * Resolving `false` means "not written" (this replica does not lead): asked again next time.
+   */
+  onChecksums?: (checksums: ReadonlyMap<string, string>) => Promise<boolean | undefined>;
   /** Called once per distinct failure of a group. */
   onRenderError?: (group: string, err: RenderError) => Promise<void>;
   /** Called after each pass with the rendered inputs (bootstrap Secrets). */
@@ -37,6 +41,9 @@ export class RenderLoop {
   private readonly hooks: RenderLoopHooks;
   private readonly now: () => number;
   private readonly served = new Map<string, RenderedGroup>();
+  /** With a gate: the last few renders per group, by checksum, waiting to be named by the Secret. */
+  private readonly candidates = new Map<string, Map<string, RenderedGroup>>();
+  private readonly gate: ChecksumGate | undefined;
   private readonly reported = new Map<string, string>();
   /** NodeGroupConfiguration name → what was last reported about it. */
   private readonly configurationReported = new Map<string, string>();
@@ -50,7 +57,15 @@ export class RenderLoop {
   passes = 0;
 
   constructor(
-    deps: { source: Source; store: BundleStore; metrics: Metrics; log: Logger; now?: () => number },
+    deps: {
+      source: Source;
+      store: BundleStore;
+      metrics: Metrics;
+      log: Logger;
+      now?: () => number;
+      /** Serve a group only at the checksum Secret configuration-checksums names (replicas). */
+      gate?: ChecksumGate;
+    },
     hooks: RenderLoopHooks = {},
   ) {
     this.source = deps.source;
@@ -58,7 +73,19 @@ export class RenderLoop {
     this.metrics = deps.metrics;
     this.log = deps.log;
     this.now = deps.now ?? Date.now;
+    this.gate = deps.gate;
     this.hooks = hooks;
+    this.gate?.onChange(() => this.publishGated([]));
+  }
+
+  /**
+   * Forgets which checksums were written and which failures reported, so the next pass writes
+   * and reports again (this replica just became the leader).
+   */
+  forgetWrites(): void {
+    this.lastChecksums = "";
+    this.reported.clear();
+    this.configurationReported.clear();
   }
 
   /** Asks for a render pass soon; bursts of changes (a relist) collapse into one pass. */
@@ -119,17 +146,32 @@ export class RenderLoop {
     for (const g of removed) {
       this.served.delete(g);
       this.reported.delete(g);
+      this.candidates.delete(g);
     }
-    const changed = this.store.publish(result.groups.values(), removed);
-    if (changed.size) this.log.info({ groups: [...changed].sort() }, "bundles changed");
+    if (this.gate) {
+      for (const r of result.groups.values()) {
+        const byChecksum = this.candidates.get(r.name) ?? new Map<string, RenderedGroup>();
+        byChecksum.delete(r.checksum);
+        byChecksum.set(r.checksum, r);
+        // A replica a few renders ahead of the Secret still has what it names.
+        if (byChecksum.size > 8) byChecksum.delete(byChecksum.keys().next().value as string);
+        this.candidates.set(r.name, byChecksum);
+      }
+      this.publishGated(removed);
+    } else {
+      const changed = this.store.publish(result.groups.values(), removed);
+      if (changed.size) this.log.info({ groups: [...changed].sort() }, "bundles changed");
+    }
 
     const checksums = new Map([...this.served].map(([g, r]) => [g, r.checksum]));
     const key = JSON.stringify([...checksums].sort());
     if (key !== this.lastChecksums && this.hooks.onChecksums) {
       try {
-        await this.hooks.onChecksums(checksums);
-        this.lastChecksums = key;
-        this.metrics.checksumWrites.inc({ result: "ok" });
+        const written = await this.hooks.onChecksums(checksums);
+        if (written !== false) {
+          this.lastChecksums = key;
+          this.metrics.checksumWrites.inc({ result: "ok" });
+        }
       } catch (err) {
         this.metrics.checksumWrites.inc({ result: "error" });
         this.log.error({ err: (err as Error).message }, "cannot write the checksums Secret; retrying in 10 s");
@@ -198,6 +240,27 @@ export class RenderLoop {
       this.log.info({ configuration: name }, `NodeGroupConfiguration ${name} renders again`);
       await call(name, undefined, []);
     }
+  }
+
+  /** Publishes, per group, the render whose checksum the Secret names (if this replica has it). */
+  private publishGated(removed: string[]): void {
+    const gate = this.gate;
+    if (!gate || this.stopped) return;
+    const ready: RenderedGroup[] = [];
+    for (const [group, byChecksum] of this.candidates) {
+      const want = gate.wanted(group);
+      const r = want ? byChecksum.get(want) : undefined;
+      if (r && this.store.get("nodegroupbundles", group)?.object.checksum !== want) ready.push(r);
+    }
+    if (!ready.length && !removed.length) return;
+    const changed = this.store.publish(ready, removed, gate.revision);
+    if (changed.size) this.log.info({ groups: [...changed].sort(), revision: gate.revision }, "bundles changed");
+  }
+
+  /** Whether the group is served at the checksum the Secret names (or the Secret names none). */
+  caughtUp(group: string): boolean {
+    const want = this.gate?.wanted(group);
+    return !want || this.store.get("nodegroupbundles", group)?.object.checksum === want;
   }
 
   /** Re-render when the earliest group's update epoch ends (the 4-hourly forced re-run). */

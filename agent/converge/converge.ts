@@ -402,21 +402,17 @@ async function convergeLocked(s: Session, o: ConvergeOptions): Promise<ConvergeR
   } else if (rebootAsked) {
     reboot = await approveDisruption(["reboot"]);
     if (!reboot) {
-      await reporter.annotate({ [NODE_KEYS.checksum]: checksum });
+      // No checksum annotation yet: the node is not done until it has rebooted.
       return finish("waiting-disruption-approval", "reboot waits for disruption approval", (st) => {
         st.steps = steps;
       });
     }
   }
   await base.flags.unset(FLAG.disruption);
-  await reporter.annotate({
-    [NODE_KEYS.checksum]: checksum,
-    [NODE_KEYS.waitingForApproval]: null,
-    [NODE_KEYS.approved]: null,
-    [NODE_KEYS.disruptionRequired]: null,
-    [NODE_KEYS.disruptionApproved]: null,
-    ...(reboot ? { [NODE_KEYS.reboot]: null } : {}),
-  });
+  // The checksum annotation says "done": the approval controller uncordons a node once it
+  // matches, so a node about to reboot does not write it; the run after the reboot does (the
+  // new boot id forces one). The approval annotations are the controller's to clear.
+  await reporter.annotate(reboot ? { [NODE_KEYS.reboot]: null } : { [NODE_KEYS.checksum]: checksum });
   await reporter.event(
     EVENTS.nodeUpdate,
     `converge to ${checksum.slice(0, 12)} finished; changed: ${changed.join(", ") || "nothing"}${reboot ? "; rebooting" : ""}`,

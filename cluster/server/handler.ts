@@ -9,6 +9,7 @@ import { apiGroup, apiGroupList, apiResourceList, isResource, RESOURCES, type Re
 import type { BundleStore } from "./store.ts";
 import { table, wantsTable } from "./table.ts";
 import type { WatchHub } from "./watch.ts";
+import type { FreshnessCheck } from "../freshness.ts";
 
 export interface HandlerDeps {
   store: BundleStore;
@@ -21,6 +22,11 @@ export interface HandlerDeps {
   tokenGroupOf?: (tokenId: string) => Promise<string | undefined>;
   /** Readiness: the first render pass is done. */
   ready: () => boolean;
+  /**
+   * With replicas: whether this one serves what resourceVersion `rv` (handed out by any
+   * replica) showed, waiting briefly for it to catch up. Without: any rv is served as is.
+   */
+  fresh?: FreshnessCheck | undefined;
 }
 
 const PREFIX = `/apis/${API_GROUP}/v1alpha1`;
@@ -123,6 +129,19 @@ export function createHandler(deps: HandlerDeps) {
     if (!only && scope !== "all" && scope.size === 0) return forbidden("*");
 
     const asTable = wantsTable(req.headers.accept);
+    const rvParam = Number(url.searchParams.get("resourceVersion") ?? "");
+    if (
+      deps.fresh &&
+      Number.isFinite(rvParam) &&
+      rvParam > 0 &&
+      !(await deps.fresh(rvParam, only, watch ? "watch" : "get"))
+    ) {
+      done(watch ? 410 : 504);
+      // A watch from a resourceVersion this replica cannot reach relists; a GET is retried.
+      return watch
+        ? status(res, 410, "Expired", `resourceVersion ${rvParam} is newer than this server knows; relist`)
+        : status(res, 504, "Timeout", `Too large resource version: ${rvParam}; this replica is catching up, retry`);
+    }
     if (watch) {
       const t = Number(url.searchParams.get("timeoutSeconds") ?? "");
       const timeoutSeconds =

@@ -17,6 +17,8 @@ export interface ServeOptions extends HandlerDeps {
   clientCAPems: Buffer[];
   host: string;
   port: number;
+  /** SO_REUSEPORT: several server processes on one host share the port (each takes a share of new connections). */
+  reusePort?: boolean;
 }
 
 export interface RunningServer {
@@ -76,7 +78,7 @@ export async function serve(opts: ServeOptions): Promise<RunningServer> {
   Object.assign(server, { keepAliveTimeout: 150_000, headersTimeout: 20_000, requestTimeout: 30_000 });
   await new Promise<void>((resolve, reject) => {
     server.once("error", reject);
-    server.listen(opts.port, opts.host, () => resolve());
+    server.listen({ port: opts.port, host: opts.host, reusePort: opts.reusePort ?? false }, () => resolve());
   });
   const port = (server.address() as AddressInfo).port;
   return {

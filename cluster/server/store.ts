@@ -1,11 +1,15 @@
 // What the server serves: per resource and group, the current object already serialised, its
 // ETag and resourceVersion. Rendering publishes here; requests and watches read from here.
 // resourceVersions are one counter for all objects (like etcd's revision) that starts at the
-// wall clock, so a restarted server never hands out numbers older than before.
+// wall clock, so a restarted server never hands out numbers older than before; with several
+// replicas they follow the checksums Secret's revision instead (checksum-gate.ts).
 import { createHash } from "node:crypto";
 import { canonicalJson } from "../../bundles/checksum.ts";
 import type { RenderedGroup, ServedObject } from "../render/render.ts";
 import { RESOURCE_NAMES, type ResourceName } from "./resources.ts";
+
+/** Served resourceVersion = Secret revision × this + a counter (see checksum-gate.ts). */
+export const REVISION_SHIFT = 65_536;
 
 export interface Entry {
   group: string;
@@ -34,11 +38,19 @@ const objectOf = (r: RenderedGroup, resource: ResourceName): ServedObject =>
 const etagOf = (obj: ServedObject) => `"${createHash("sha256").update(canonicalJson(obj)).digest("hex").slice(0, 40)}"`;
 
 export class BundleStore {
-  private counter = Date.now();
+  private counter: number;
   private readonly entries = new Map<ResourceName, Map<string, Entry>>(RESOURCE_NAMES.map((r) => [r, new Map()]));
   /** Deleted objects, so a watch resuming from an older resourceVersion still hears DELETED. */
   private readonly tombstones = new Map<ResourceName, Map<string, Entry>>(RESOURCE_NAMES.map((r) => [r, new Map()]));
   private readonly listeners = new Map<ResourceName, Set<Listener>>(RESOURCE_NAMES.map((r) => [r, new Set()]));
+
+  /**
+   * `revisions`: resourceVersions follow the checksums Secret's revision (checksum-gate.ts)
+   * instead of the wall clock, so every replica hands out comparable ones.
+   */
+  constructor(o: { revisions?: boolean } = {}) {
+    this.counter = o.revisions ? 0 : Date.now();
+  }
 
   get resourceVersion(): number {
     return this.counter;
@@ -73,8 +85,9 @@ export class BundleStore {
    * Makes `groups` the served set for the listed groups; groups in `remove` disappear.
    * Unchanged objects keep their resourceVersion and wake nobody. Returns the changed groups.
    */
-  publish(groups: Iterable<RenderedGroup>, remove: Iterable<string> = []): Set<string> {
+  publish(groups: Iterable<RenderedGroup>, remove: Iterable<string> = [], revision?: number): Set<string> {
     const changed = new Set<string>();
+    if (revision !== undefined) this.counter = Math.max(this.counter, revision * REVISION_SHIFT);
     for (const r of groups) {
       for (const resource of RESOURCE_NAMES) {
         const obj = objectOf(r, resource);

@@ -83,8 +83,14 @@ export class WatchHub {
     // HTTP/1.1 chunks the body by itself; HTTP/2 has no Transfer-Encoding. Send headers now so
     // the client knows the watch is established before the first event.
     if (typeof res.flushHeaders === "function") res.flushHeaders();
-    const w: Watcher = { req, res, lastRv: 0, firstTableSent: false, endsAt: Date.now() + req.timeoutSeconds * 1000 };
     const since = req.resourceVersion && req.resourceVersion !== "0" ? Number(req.resourceVersion) : undefined;
+    const w: Watcher = {
+      req,
+      res,
+      lastRv: since !== undefined && Number.isFinite(since) ? since : 0,
+      firstTableSent: false,
+      endsAt: Date.now() + req.timeoutSeconds * 1000,
+    };
     const visible = (e: Entry) => (!req.name || e.group === req.name) && req.allowed(e.group);
     for (const e of this.store.list(req.resource).filter(visible)) {
       if (since === undefined) this.send(w, "ADDED", e);
@@ -136,9 +142,13 @@ export class WatchHub {
 
   /** Bookmarks tell idle watchers the stream is alive and where to resume. */
   private bookmark(): void {
-    const rv = String(this.store.resourceVersion);
+    const all = String(this.store.resourceVersion);
     for (const w of this.watchers) {
       if (!w.req.bookmarks) continue;
+      // A watch of one group resumes from what it has of that group: other groups' numbers
+      // could run ahead of it on another replica (see checksum-gate.ts).
+      if (w.req.name && !w.lastRv) continue;
+      const rv = w.req.name ? String(w.lastRv) : all;
       const kind = w.req.asTable ? "Table" : RESOURCES[w.req.resource].kind;
       const apiVersion = w.req.asTable ? "meta.k8s.io/v1" : API_VERSION;
       this.write(

@@ -38,6 +38,8 @@ class Informer {
   private readonly onChange: () => void;
   private readonly log: Logger;
   private readonly abort = new AbortController();
+  /** The running list + watch loop's own switch; resync() replaces the loop. */
+  private loopAbort = new AbortController();
 
   constructor(client: KubeClient, path: string, onChange: () => void, log: Logger, fieldSelector?: string) {
     this.client = client;
@@ -51,7 +53,7 @@ class Informer {
   async start(): Promise<void> {
     let rv: string;
     try {
-      rv = await this.relist();
+      rv = await this.relist(this.loopAbort.signal);
     } catch (err) {
       if (isNotFound(err) && this.path.includes("deckhouse.io")) {
         throw new Error(
@@ -61,11 +63,25 @@ class Informer {
       }
       throw err;
     }
-    void this.loop(rv);
+    void this.loop(rv, this.loopAbort.signal);
   }
 
-  private async relist(): Promise<string> {
-    const l = await list(this.client, this.path, { fieldSelector: this.fieldSelector, signal: this.abort.signal });
+  /**
+   * Lists afresh (a quorum read: at least as new as any write made before the call) and
+   * watches on from there. The old loop is stopped first, so none of its events, older than
+   * the new list, can land after it.
+   */
+  async resync(): Promise<void> {
+    this.loopAbort.abort();
+    this.loopAbort = new AbortController();
+    const signal = AbortSignal.any([this.abort.signal, this.loopAbort.signal]);
+    const rv = await this.relist(signal);
+    void this.loop(rv, signal);
+  }
+
+  private async relist(signal: AbortSignal): Promise<string> {
+    const l = await list(this.client, this.path, { fieldSelector: this.fieldSelector, signal });
+    if (signal.aborted) throw new Error("relist superseded");
     this.objects.clear();
     for (const o of l.items) this.objects.set(o.metadata.name, o);
     this.synced = true;
@@ -73,10 +89,11 @@ class Informer {
     return l.metadata.resourceVersion;
   }
 
-  private async loop(startRv: string): Promise<void> {
+  private async loop(startRv: string, loopSignal: AbortSignal): Promise<void> {
+    const signal = AbortSignal.any([this.abort.signal, loopSignal]);
     let rv = startRv;
     let failures = 0;
-    while (!this.abort.signal.aborted) {
+    while (!signal.aborted) {
       try {
         for await (const ev of this.client.watch<KubeObject>(this.path, {
           resourceVersion: rv,
@@ -84,23 +101,35 @@ class Informer {
           timeoutSeconds: 300,
           fieldSelector: this.fieldSelector,
           idleTimeoutMs: 330_000,
-          signal: this.abort.signal,
+          signal,
         })) {
+          if (signal.aborted) return;
           failures = 0;
           rv = ev.object.metadata?.resourceVersion ?? rv;
           if (ev.type === "BOOKMARK") continue;
+          const before = this.objects.get(ev.object.metadata.name);
           if (ev.type === "DELETED") this.objects.delete(ev.object.metadata.name);
           else this.objects.set(ev.object.metadata.name, ev.object);
+          // A status write (the controllers' NodeGroup status) leaves generation alone and
+          // changes nothing that renders.
+          const generation = (o: KubeObject | undefined) => o?.metadata.generation;
+          if (
+            ev.type === "MODIFIED" &&
+            generation(before) !== undefined &&
+            generation(before) === generation(ev.object)
+          )
+            continue;
           this.onChange();
         }
       } catch (err) {
-        if (this.abort.signal.aborted) return;
+        if (signal.aborted) return;
         failures++;
         if (!isGone(err)) this.log.warn({ path: this.path, err: (err as Error).message }, "watch failed; relisting");
         await new Promise((r) => setTimeout(r, Math.min(30_000, 250 * 2 ** Math.min(failures, 7))));
         try {
-          rv = await this.relist();
+          rv = await this.relist(signal);
         } catch (e) {
+          if (signal.aborted) return;
           this.log.warn({ path: this.path, err: (e as Error).message }, "relist failed");
         }
       }
@@ -215,6 +244,11 @@ export class KubeSource implements Source {
     this.tokenCache.set(tokenId, { group, until: now + (group ? this.nodeTtlMs : 5000) });
     if (this.tokenCache.size > 10_000) this.tokenCache.delete(this.tokenCache.keys().next().value as string);
     return group;
+  }
+
+  /** Re-reads every input with a quorum list (a new leader renders from at least what its predecessor saw). */
+  async resync(): Promise<void> {
+    await Promise.all(this.informers.map((i) => i.resync()));
   }
 
   stop(): void {

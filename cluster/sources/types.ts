@@ -14,5 +14,7 @@ export interface Source {
   nodeGroupOf(node: string): Promise<string | undefined>;
   /** The node group a bootstrap token was made for (its Secret's label), if the source knows tokens. */
   tokenGroupOf?(tokenId: string): Promise<string | undefined>;
+  /** Re-reads the inputs afresh (Kubernetes sources: a quorum list), when it can. */
+  resync?(): Promise<void>;
   stop(): void;
 }

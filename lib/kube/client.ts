@@ -52,6 +52,8 @@ export interface WatchOptions {
 export interface KubeClientOptions {
   timeoutMs?: number;
   userAgent?: string;
+  /** Connections at once (default 8). Each open watch holds one for as long as it runs. */
+  maxSockets?: number;
 }
 
 const DEFAULT_TIMEOUT_MS = 10_000;
@@ -68,7 +70,7 @@ export class KubeClient {
     this.userAgent = opts.userAgent ?? "bashible";
     this.agent = new https.Agent({
       keepAlive: true,
-      maxSockets: 8,
+      maxSockets: opts.maxSockets ?? 8,
       ca: connection.ca,
       cert: connection.cert,
       key: connection.key,
@@ -113,6 +115,9 @@ export class KubeClient {
     }
     if (this.connection.token) headers.Authorization = `Bearer ${this.connection.token}`;
     const req = https.request(url, { method, headers, agent: this.agent });
+    // The first error settles the promise below; a later one (a timeout after the answer began,
+    // an abort racing a reset) must not become an uncaught exception that ends the process.
+    req.on("error", () => undefined);
     const abort = (err: Error) => req.destroy(err);
     const response = new Promise<IncomingMessage>((resolve, reject) => {
       const timer = setTimeout(

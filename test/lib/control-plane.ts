@@ -5,6 +5,7 @@
 import { spawn, execFile, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { createServer } from "node:net";
+import { get as httpsGet } from "node:https";
 import { mkdtemp, mkdir, readFile, rm, writeFile, open } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
@@ -41,6 +42,8 @@ export interface ControlPlane {
   /** Writes a kubeconfig for arbitrary credentials against this API server. */
   writeKubeconfig(file: string, user: { cert?: string; key?: string; token?: string }): Promise<string>;
   kubectl(args: string[], opts?: { kubeconfig?: string; input?: string }): Promise<string>;
+  /** The kube-controller-manager's log file, when one was started (StartOptions.controllerManager). */
+  controllerManagerLog?: string;
   stop(): Promise<void>;
 }
 
@@ -83,6 +86,18 @@ async function tail(file: string, bytes = 3000): Promise<string> {
   return text.slice(-bytes);
 }
 
+/** GET url (TLS not verified: a component's self-signed serving certificate) answers 200. */
+function healthy(url: string): Promise<boolean> {
+  return new Promise((resolve) => {
+    const req = httpsGet(url, { rejectUnauthorized: false, timeout: 2000 }, (res) => {
+      res.resume();
+      resolve(res.statusCode === 200);
+    });
+    req.once("error", () => resolve(false));
+    req.once("timeout", () => req.destroy());
+  });
+}
+
 async function stopProcess(child: ChildProcess): Promise<void> {
   if (child.exitCode !== null || child.signalCode !== null) return;
   const exited = new Promise<void>((r) => child.once("exit", () => r()));
@@ -122,6 +137,12 @@ export interface StartOptions {
   /** Seconds to wait for /readyz. */
   readyTimeoutSeconds?: number;
   extraApiserverArgs?: string[];
+  /**
+   * Also run kube-controller-manager (PodDisruptionBudget status, CSR signing, garbage
+   * collection, …). `controllers` is its --controllers list (default "*"); tests with Node
+   * objects but no kubelets leave out nodelifecycle, which would mark them NotReady.
+   */
+  controllerManager?: boolean | { controllers?: string[]; extraArgs?: string[] };
 }
 
 export async function startControlPlane(opts: StartOptions = {}): Promise<ControlPlane> {
@@ -233,8 +254,49 @@ export async function startControlPlane(opts: StartOptions = {}): Promise<Contro
       await new Promise((r) => setTimeout(r, 250));
     }
 
+    let controllerManagerLog: string | undefined;
+    if (opts.controllerManager) {
+      const cm = opts.controllerManager === true ? {} : opts.controllerManager;
+      controllerManagerLog = path.join(dir, "kube-controller-manager.log");
+      const cmPort = await freePort();
+      const cmProc = await startProcess(
+        path.join(binDir, "kube-controller-manager"),
+        [
+          `--kubeconfig=${adminKubeconfig}`,
+          `--authentication-kubeconfig=${adminKubeconfig}`,
+          `--authorization-kubeconfig=${adminKubeconfig}`,
+          "--bind-address=127.0.0.1",
+          `--secure-port=${cmPort}`,
+          `--cert-dir=${path.join(dir, "controller-manager-certs")}`,
+          "--leader-elect=false",
+          `--controllers=${(cm.controllers ?? ["*"]).join(",")}`,
+          `--service-account-private-key-file=${sa.priv}`,
+          `--root-ca-file=${ca.cert}`,
+          `--cluster-signing-cert-file=${ca.cert}`,
+          `--cluster-signing-key-file=${ca.key}`,
+          "--use-service-account-credentials=false",
+          "--v=1",
+          ...(cm.extraArgs ?? []),
+        ],
+        controllerManagerLog,
+      );
+      procs.push(cmProc);
+      const cmDeadline = Date.now() + (opts.readyTimeoutSeconds ?? 90) * 1000;
+      for (;;) {
+        if (cmProc.exitCode !== null)
+          throw new Error(
+            `kube-controller-manager exited with ${cmProc.exitCode}:\n${await tail(controllerManagerLog)}`,
+          );
+        if (await healthy(`https://127.0.0.1:${cmPort}/healthz`)) break;
+        if (Date.now() > cmDeadline)
+          throw new Error(`kube-controller-manager not healthy in time:\n${await tail(controllerManagerLog)}`);
+        await new Promise((r) => setTimeout(r, 250));
+      }
+    }
+
     const cp: ControlPlane = {
       dir,
+      controllerManagerLog,
       server,
       binDir,
       ca,

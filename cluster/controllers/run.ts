@@ -1,0 +1,34 @@
+// The update controllers as the cluster runs them: on whichever replica holds Lease
+// bashible-controllers, stopped the moment that replica loses it. `bashible server` runs this
+// (unless --no-controllers), and so does `bashible controllers` on its own.
+import type { KubeClient } from "../../lib/kube/client.ts";
+import type { Logger } from "../../lib/log/log.ts";
+import { LEASES, whileLeading, type Leadership, type LeaseTiming } from "../leadership.ts";
+import { UpdateController, type UpdateControllerOptions } from "./controller.ts";
+
+export interface RunControllersOptions extends LeaseTiming {
+  client: KubeClient;
+  log: Logger;
+  namespace: string;
+  identity?: string;
+  controller?: Omit<UpdateControllerOptions, "client" | "log" | "namespace">;
+}
+
+export function runControllers(o: RunControllersOptions): Leadership {
+  return whileLeading(
+    {
+      client: o.client,
+      namespace: o.namespace,
+      name: LEASES.controllers,
+      log: o.log,
+      identity: o.identity,
+      leaseDurationSeconds: o.leaseDurationSeconds,
+      retryMs: o.retryMs,
+    },
+    (signal) => {
+      const c = new UpdateController({ ...o.controller, client: o.client, log: o.log, namespace: o.namespace });
+      c.start();
+      signal.addEventListener("abort", () => c.stop(), { once: true });
+    },
+  );
+}

@@ -1,0 +1,169 @@
+// cluster/deploy/ applied with the real kubectl to a real control plane, as an operator would,
+// then the two replicas of its Deployment stood in for by two server processes (there is no
+// container runtime on this side) that run with the Deployment's arguments and the
+// ServiceAccount's own token: the aggregated API answers, the leader writes its Secrets and
+// Leases, and the update controllers approve and drain a node, which proves the RBAC is enough.
+import t from "tap";
+import { spawn } from "node:child_process";
+import { open, readFile, writeFile } from "node:fs/promises";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { parse } from "yaml";
+import { NODE_KEYS, SECRETS } from "../../bundles/names.ts";
+import { getSecret, type KubeObject } from "../../lib/kube/api.ts";
+import { MAIN } from "../fixtures/cli.ts";
+import { withControlPlane } from "../fixtures/control-plane.ts";
+import { prepareBundleServer, registerAPIService } from "../fixtures/bundle-server.ts";
+import { freePort } from "../lib/control-plane.ts";
+import { annotate, createNode, createPod, startKubeletSim } from "../lib/sim-nodes.ts";
+import { pino } from "pino";
+
+const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
+const NS = "d8-cloud-instance-manager";
+const K = NODE_KEYS;
+
+const cp = await withControlPlane(t, {
+  controllerManager: { controllers: ["serviceaccount", "disruption"] },
+  extraApiserverArgs: ["--enable-aggregator-routing=false"],
+});
+const inputs = await prepareBundleServer(cp);
+
+async function until<T>(what: string, fn: () => Promise<T | undefined | false>, timeoutMs = 30_000): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await fn().catch(() => undefined);
+    if (v !== undefined && v !== false) return v as T;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+const get = <T = KubeObject>(p: string) => cp.admin.request<T>("GET", p);
+
+t.test("kubectl applies the CRDs and cluster/deploy as they are", async (t) => {
+  t.match(await cp.kubectl(["apply", "-f", path.join(REPO, "cluster/crds")]), /nodegroups.deckhouse.io/);
+  const out = await cp.kubectl(["apply", "-k", path.join(REPO, "cluster/deploy")]);
+  for (const what of [
+    "namespace/d8-cloud-instance-manager",
+    "serviceaccount/bashible-server",
+    "deployment.apps/bashible-server",
+    "service/bashible-api",
+    "poddisruptionbudget.policy/bashible-server",
+    "apiservice.apiregistration.k8s.io/v1alpha1.bashible.deckhouse.io",
+    "clusterrole.rbac.authorization.k8s.io/bashible:server",
+  ])
+    t.match(out, what);
+  const d = await get<{
+    spec: {
+      replicas: number;
+      template: { spec: { nodeSelector: Record<string, string>; tolerations: { key: string }[] } };
+    };
+  }>(`/apis/apps/v1/namespaces/${NS}/deployments/bashible-server`);
+  t.equal(d.spec.replicas, 2, "two replicas");
+  t.same(d.spec.template.spec.nodeSelector, { "node-role.kubernetes.io/control-plane": "" }, "on masters");
+  t.ok(d.spec.template.spec.tolerations.some((x) => x.key === "node-role.kubernetes.io/control-plane"));
+  const pdb = await get<{ spec: { minAvailable: number } }>(
+    `/apis/policy/v1/namespaces/${NS}/poddisruptionbudgets/bashible-server`,
+  );
+  t.equal(pdb.spec.minAvailable, 1, "one replica always up");
+  // The operator's part: the serving certificate and the APIService's CA.
+  await cp.kubectl([
+    "create",
+    "secret",
+    "tls",
+    "bashible-api-tls",
+    "-n",
+    NS,
+    `--cert=${inputs.serving.cert}`,
+    `--key=${inputs.serving.key}`,
+  ]);
+  const patch = JSON.stringify({ spec: { caBundle: Buffer.from(inputs.caPem).toString("base64") } });
+  await cp.kubectl(["patch", "apiservice", "v1alpha1.bashible.deckhouse.io", "--type=merge", "-p", patch]);
+  await cp.kubectl(["apply", "-k", path.join(REPO, "cluster/deploy")]);
+  const svc = await get<{ spec: { caBundle?: string } }>(
+    "/apis/apiregistration.k8s.io/v1/apiservices/v1alpha1.bashible.deckhouse.io",
+  );
+  t.ok(svc.spec.caBundle, "applying again keeps the caBundle");
+});
+
+t.test("the Deployment's two replicas, as processes with its arguments and its ServiceAccount", async (t) => {
+  const token = (await cp.kubectl(["create", "token", "bashible-server", "-n", NS, "--duration=1h"])).trim();
+  const kubeconfig = await cp.writeKubeconfig(path.join(cp.dir, "bashible-server.kubeconfig"), { token });
+  // The mounted Secret bashible-api-tls.
+  const tls = await getSecret(cp.admin, NS, "bashible-api-tls");
+  const files: Record<string, string> = {};
+  for (const k of ["tls.crt", "tls.key"]) {
+    files[k] = path.join(cp.dir, `mounted-${k}`);
+    await writeFile(files[k], Buffer.from((tls.data as Record<string, string>)[k]!, "base64"), { mode: 0o600 });
+  }
+  const manifest = parse(await readFile(path.join(REPO, "cluster/deploy/deployment.yaml"), "utf8")) as {
+    spec: { template: { spec: { containers: { args: string[] }[] } } };
+  };
+  const port = await freePort();
+  const args = manifest.spec.template.spec.containers[0]!.args.map((a) =>
+    a === "--in-cluster"
+      ? `--kubeconfig=${kubeconfig}`
+      : a
+          .replace("/etc/bashible/tls/tls.crt", files["tls.crt"]!)
+          .replace("/etc/bashible/tls/tls.key", files["tls.key"]!)
+          .replace("--port=9443", `--port=${port}`),
+  );
+  for (const pod of ["bashible-server-a", "bashible-server-b"]) {
+    const out = await open(path.join(cp.dir, `${pod}.log`), "a");
+    const child = spawn(
+      process.execPath,
+      [MAIN, ...args, "--address=127.0.0.1", "--reuse-port", "--eviction-retry=0.5"],
+      {
+        stdio: ["ignore", out.fd, out.fd],
+        env: { ...process.env, POD_NAME: pod },
+      },
+    );
+    await out.close();
+    t.teardown(() => void child.kill("SIGTERM"));
+  }
+  // No pods behind the Service here: point it at the processes.
+  await cp.kubectl(["delete", "service", "bashible-api", "-n", NS]);
+  await registerAPIService(cp, port, inputs.caPem);
+
+  const yaml = await cp.kubectl(["get", "nodegroupbundles", "worker", "-o", "yaml"]);
+  t.match(yaml, /kind: NodeGroupBundle/, "the aggregated API answers");
+  const sum = await until("checksums written by the leader", async () => {
+    const s = await getSecret(cp.admin, NS, SECRETS.checksums);
+    const v = (s.data as Record<string, string> | undefined)?.worker;
+    return v ? Buffer.from(v, "base64").toString() : undefined;
+  });
+  await until("the manual-bootstrap Secret", () => getSecret(cp.admin, NS, "manual-bootstrap-for-worker"));
+  for (const lease of ["bashible-server", "bashible-controllers"]) {
+    const l = await get<{ spec: { holderIdentity: string } }>(
+      `/apis/coordination.k8s.io/v1/namespaces/${NS}/leases/${lease}`,
+    );
+    t.match(l.spec.holderIdentity, /^bashible-server-[ab]_/, `${lease} held by a replica, named after its pod`);
+  }
+
+  // The update controllers under the ServiceAccount: approve, drain (evict), approve the disruption.
+  const kubelet = startKubeletSim(cp.admin, pino({ level: "silent" }));
+  t.teardown(() => kubelet.stop());
+  await createNode(cp.admin, "worker-1", "worker");
+  await until("ServiceAccount", () => get("/api/v1/namespaces/default/serviceaccounts/default"));
+  await createPod(cp.admin, "default", "app", "worker-1");
+  await annotate(cp.admin, "worker-1", { [K.waitingForApproval]: "" });
+  const ann = async () => (await get("/api/v1/nodes/worker-1")).metadata.annotations ?? {};
+  await until("approved", async () => (await ann())[K.approved] !== undefined);
+  await annotate(cp.admin, "worker-1", { [K.disruptionRequired]: "" });
+  await until("drained and approved", async () => (await ann())[K.disruptionApproved] !== undefined);
+  t.equal((await ann())[K.drained], "bashible");
+  const pods = await cp.admin.request<{ items: { metadata: { deletionTimestamp?: string } }[] }>(
+    "GET",
+    "/api/v1/namespaces/default/pods",
+  );
+  t.same(pods.items, [], "the pod was evicted");
+  await annotate(cp.admin, "worker-1", { [K.checksum]: sum });
+  await until("finished", async () => (await ann())[K.approved] === undefined);
+  const ng = await until("NodeGroup status", async () => {
+    const o = await get<{ status?: { upToDate?: number } }>("/apis/deckhouse.io/v1/nodegroups/worker");
+    return o.status?.upToDate === 1 ? o : undefined;
+  });
+  t.ok(ng, "status written");
+  const events = await cp.kubectl(["get", "events", "-n", "default", "--field-selector=involvedObject.name=worker-1"]);
+  t.match(events, /BashibleUpdateApproved/);
+  t.match(events, /BashibleDrained/);
+});
