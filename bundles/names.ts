@@ -61,11 +61,60 @@ export const EVENTS = {
 
 /**
  * Built-in step names: Deckhouse's, so NodeGroupConfiguration weights order custom scripts
- * against them as they do in Deckhouse, and a custom script cannot take one.
+ * against them as they do in Deckhouse, and a custom script cannot take one. The API proxy is a
+ * 000_* step: those run before the update approval, so a changed set of API servers reaches the
+ * node without waiting for one (Deckhouse sorts its 001_configure_kubernetes_api_proxy before its
+ * approval step for the same reason).
  */
 export const BUILTIN_STEPS = {
   nodeUsers: "000_add_node_users",
+  apiProxy: "000_configure_kubernetes_api_proxy",
   caCertificates: "003_install_ca_certificates",
   deckhousePath: "004_add_deckhouse_paths",
   registryPackages: "007_fetch_registry_packages",
+  containerd: "032_configure_containerd",
+  kubelet: "064_configure_kubelet",
+  kubeletStart: "069_start_kubelet",
+  agent: "080_setup_bashible_service",
 } as const;
+
+/** systemd units the built-in steps manage. */
+export const UNITS = {
+  agent: "bashible.service",
+  /** Restarts bashible.service once the converge in flight has finished (its ExecReload starts it). */
+  agentRestart: "bashible-restart.service",
+  /** Deckhouse's name: the distribution's own containerd.service is left alone. */
+  containerd: "containerd-deckhouse.service",
+  kubelet: "kubelet.service",
+  apiProxy: "kubernetes-api-proxy.service",
+} as const;
+
+/**
+ * Whether the kubelet may register its Node with this label (`--node-labels`): the kubernetes.io
+ * and k8s.io namespaces are closed to it except for a few well-known keys and the
+ * kubelet.kubernetes.io and node.kubernetes.io namespaces; a kubelet given any other label there
+ * does not start. The cluster side sets such labels instead.
+ */
+export function kubeletMaySetLabel(key: string): boolean {
+  const slash = key.indexOf("/");
+  if (slash < 0) return true;
+  const ns = key.slice(0, slash);
+  const under = (domain: string) => ns === domain || ns.endsWith(`.${domain}`);
+  if (!under("kubernetes.io") && !under("k8s.io")) return true;
+  if (under("kubelet.kubernetes.io") || under("node.kubernetes.io")) return true;
+  return KUBELET_WELL_KNOWN_LABELS.has(key);
+}
+
+const KUBELET_WELL_KNOWN_LABELS: ReadonlySet<string> = new Set([
+  "kubernetes.io/hostname",
+  "kubernetes.io/instance-type",
+  "kubernetes.io/os",
+  "kubernetes.io/arch",
+  "beta.kubernetes.io/instance-type",
+  "beta.kubernetes.io/os",
+  "beta.kubernetes.io/arch",
+  "failure-domain.beta.kubernetes.io/zone",
+  "failure-domain.beta.kubernetes.io/region",
+  "topology.kubernetes.io/zone",
+  "topology.kubernetes.io/region",
+]);

@@ -33,8 +33,27 @@ export const PATHS = {
   daemon: "/run/bashible/daemon.json",
   logDir: "/var/log/d8/bashible",
   kubeletKubeconfig: "/etc/kubernetes/kubelet.conf",
+  /** The kubelet's bootstrap kubeconfig (bootstrap token, server = the local API proxy). */
+  kubeletBootstrapKubeconfig: "/etc/kubernetes/bootstrap-kubelet.conf",
+  kubeletConfig: "/var/lib/kubelet/config.yaml",
   kubeletClientPem: "/var/lib/kubelet/pki/kubelet-client-current.pem",
   clusterCA: "/etc/kubernetes/pki/ca.crt",
+  /** Where built-in steps write their units (the administrator's directory, ahead of the OS's). */
+  unitDir: "/etc/systemd/system",
+  containerdConfig: "/etc/containerd/config.toml",
+  /** Fragments merged over config.toml by containerd's `imports` (NodeGroupConfiguration scripts put theirs here). */
+  containerdConfD: "/etc/containerd/conf.d",
+  /** containerd's config_path: <host>/hosts.toml per registry (Deckhouse's directory). */
+  containerdRegistryDir: "/etc/containerd/registry.d",
+  containerdSocket: "/run/containerd/containerd.sock",
+  /** nginx configuration of the local API proxy (Deckhouse's directory). */
+  apiProxyDir: "/etc/kubernetes/kubernetes-api-proxy",
+  /** The agent's installed tree: a link to the running release once the agent has updated itself. */
+  agentDir: "/opt/deckhouse/lib/bashible",
+  /** Agent releases: <digest hex>/ each, the current one and the one before it. */
+  agentReleases: "/opt/deckhouse/lib/bashible-releases",
+  /** The launcher on PATH (a wrapper, so the runtime is found next to the real launcher). */
+  agentLauncher: "/opt/deckhouse/bin/bashible",
   /** Deckhouse's bin directory, put on PATH by 004_add_deckhouse_paths. */
   binDir: "/opt/deckhouse/bin",
   /** Deckhouse's TMPDIR for steps. */
@@ -44,6 +63,9 @@ export const PATHS = {
   /** Downloads in flight and verified archives awaiting install. */
   packageDownloads: "/opt/deckhouse/tmp/registrypackages",
 } as const;
+
+/** The local API proxy's listen address: what the kubelet's kubeconfigs name. */
+export const API_PROXY_LISTEN = "127.0.0.1:6445";
 
 export const stepLogPath = (step: string) => `${PATHS.logDir}/step.${step}.log`;
 

@@ -5,9 +5,15 @@
 import type { BundleContext, BundleStep } from "./specs.ts";
 
 export type {
+  BashibleServiceSpec,
   BundleContext,
   BundleStep,
   CACertificatesSpec,
+  ContainerdRegistry,
+  ContainerdSpec,
+  KubeletSpec,
+  KubernetesApiProxySpec,
+  NodeTaint,
   NodeUserSpec,
   RegistryPackageRef,
   RegistryPackagesSpec,

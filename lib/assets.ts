@@ -20,4 +20,11 @@ export function asset(rel: string): string {
 }
 
 /** What the build ships as data, relative to the repository. */
-export const SHIPPED_ASSETS = ["cluster/render/templates", "cluster/crds", "examples/cluster", "steps/bashbooster"];
+export const SHIPPED_ASSETS = [
+  "cluster/render/templates",
+  "cluster/crds",
+  "examples/cluster",
+  "steps/bashbooster",
+  "systemd",
+  "steps/checks",
+];

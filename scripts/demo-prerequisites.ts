@@ -5,7 +5,7 @@
 //
 // The list comes from reading what the demo runs: the demo itself (the OCI registry, the test
 // PKI, packing registry packages) and the steps its bundle holds (NodeUsers, CACertificates,
-// DeckhousePath, RegistryPackages, one Script). Programs every Debian system has (sh, coreutils)
+// DeckhousePath, RegistryPackages, one Script, BashibleService). Programs every Debian system has (sh, coreutils)
 // are not listed. This file imports nothing but Node's built-ins: it runs on its own, on a bare
 // machine, before anything else of the demo loads.
 import { spawnSync } from "node:child_process";
@@ -32,6 +32,8 @@ export const DEMO_PREREQUISITES: readonly Prerequisite[] = [
   { program: "groupadd", pkg: "passwd", usedBy: "NodeUsers (the sudo group)" },
   { program: "visudo", pkg: "sudo", usedBy: "NodeUsers (checks the sudoers drop-in)" },
   { program: "update-ca-certificates", pkg: "ca-certificates", usedBy: "CACertificates" },
+  { program: "systemctl", pkg: "systemd", usedBy: "BashibleService (enables bashible.service offline in the sandbox)" },
+  { program: "systemd-analyze", pkg: "systemd", usedBy: "BashibleService (checks the agent's units)" },
 ];
 // Not listed, on purpose: chpasswd, pgrep and pkill (passwd, procps) run only on a real root,
 // never in the demo's sandbox; sysctl only when a Script runs on "/".

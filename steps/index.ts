@@ -12,6 +12,11 @@ export const STEPS: Modules = {
   DeckhousePath: () => import("./deckhouse-path.ts"),
   RegistryPackages: () => import("./registry-packages.ts"),
   Script: () => import("./script.ts"),
+  KubernetesApiProxy: () => import("./kubernetes-api-proxy.ts"),
+  Containerd: () => import("./containerd.ts"),
+  Kubelet: () => import("./kubelet.ts"),
+  KubeletStart: () => import("./kubelet-start.ts"),
+  BashibleService: () => import("./bashible-service.ts"),
 };
 
 /** A step bound to its spec: what the engine drives, without casts. */

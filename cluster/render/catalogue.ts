@@ -2,7 +2,16 @@
 // order, and how custom NodeGroupConfiguration scripts join them. The renderer (cluster/render)
 // validates its inputs and hands this module plain values; the output is the `steps` list of a
 // NodeGroupBundle (bundles/types.ts), ordered by name.
-import type { BundleStep, NodeUserSpec, RegistryPackageRef } from "../../bundles/types.ts";
+import type {
+  BashibleServiceSpec,
+  BundleStep,
+  ContainerdSpec,
+  KubeletSpec,
+  KubernetesApiProxySpec,
+  NodeUserSpec,
+  RegistryPackageRef,
+  SpecOf,
+} from "../../bundles/types.ts";
 import { BUILTIN_STEPS } from "../../bundles/names.ts";
 
 export interface CatalogueInput {
@@ -11,6 +20,13 @@ export interface CatalogueInput {
   registryCA?: string | undefined;
   packages: RegistryPackageRef[];
   scripts: { name: string; weight: number; script: string; bundles: string[] }[];
+  /** Present when the group's nodes run a kubelet (the API proxy serves it). */
+  apiProxy?: KubernetesApiProxySpec;
+  /** Absent for cri.type NotManaged or without a containerd package. */
+  containerd?: ContainerdSpec;
+  kubelet?: KubeletSpec;
+  kubeletStart?: SpecOf<"KubeletStart">;
+  agent?: BashibleServiceSpec;
 }
 
 export { BUILTIN_STEPS };
@@ -45,6 +61,13 @@ export function catalogueSteps(input: CatalogueInput): BundleStep[] {
     { name: BUILTIN_STEPS.deckhousePath, kind: "DeckhousePath", spec: {} },
     { name: BUILTIN_STEPS.registryPackages, kind: "RegistryPackages", spec: { packages: input.packages } },
   ];
+  if (input.apiProxy) steps.push({ name: BUILTIN_STEPS.apiProxy, kind: "KubernetesApiProxy", spec: input.apiProxy });
+  if (input.containerd) steps.push({ name: BUILTIN_STEPS.containerd, kind: "Containerd", spec: input.containerd });
+  if (input.kubelet) steps.push({ name: BUILTIN_STEPS.kubelet, kind: "Kubelet", spec: input.kubelet });
+  if (input.kubeletStart) {
+    steps.push({ name: BUILTIN_STEPS.kubeletStart, kind: "KubeletStart", spec: input.kubeletStart });
+  }
+  if (input.agent) steps.push({ name: BUILTIN_STEPS.agent, kind: "BashibleService", spec: input.agent });
   for (const s of input.scripts) {
     const name = scriptStepName(s.weight, s.name);
     const source = `NodeGroupConfiguration/${s.name}`;

@@ -17,12 +17,42 @@ export interface NodeGroupObject {
     nodeType: "CloudEphemeral" | "CloudPermanent" | "CloudStatic" | "Static";
     disruptions?: { approvalMode?: "Manual" | "Automatic" | "RollingUpdate" };
     fencing?: { mode: "Watchdog" | "Notify" };
-    cri?: { type?: string; [k: string]: unknown };
+    /** Rendered into 064_configure_kubelet (NodeGroupConfiguration templates see all of spec under .nodeGroup). */
+    kubelet?: {
+      maxPods?: number;
+      rootDir?: string;
+      containerLogMaxSize?: string;
+      containerLogMaxFiles?: number;
+      seccompDefault?: boolean;
+      resourceReservation?: {
+        mode?: "Off" | "Auto" | "Static";
+        static?: { cpu?: string | number; memory?: string | number; ephemeralStorage?: string | number };
+      };
+      topologyManager?: {
+        enabled?: boolean;
+        scope?: "Container" | "Pod";
+        policy?: "None" | "BestEffort" | "Restricted" | "SingleNumaNode";
+      };
+      memorySwap?: { swapBehavior?: "NoSwap" | "LimitedSwap"; [k: string]: unknown };
+      [k: string]: unknown;
+    };
+    /** Rendered into 032_configure_containerd (NotManaged: no containerd step) and the kubelet's runtime endpoint. */
+    cri?: {
+      type?: string;
+      containerd?: { maxConcurrentDownloads?: number };
+      containerdV2?: { maxConcurrentDownloads?: number };
+      notManaged?: { criSocketPath?: string };
+      [k: string]: unknown;
+    };
     // Read by controllers (or not acted on yet), not by the renderer; NodeGroupConfiguration
     // templates see all of spec under .nodeGroup, as in Deckhouse.
-    kubelet?: unknown;
     update?: { maxConcurrent?: number | string };
-    nodeTemplate?: unknown;
+    /** Labels and taints: registered by the kubelet (064_configure_kubelet) when it creates the Node. */
+    nodeTemplate?: {
+      labels?: Record<string, string>;
+      annotations?: Record<string, string>;
+      taints?: { key: string; value?: string; effect: "NoSchedule" | "PreferNoSchedule" | "NoExecute" }[];
+    };
     cloudInstances?: unknown;
     staticInstances?: unknown;
     [field: string]: unknown;
@@ -77,11 +107,34 @@ export interface ClusterContext {
   kubernetesVersion: string;
   apiserverEndpoints: string[];
   clusterCA: string;
-  registry?: { address: string; path: string; ca?: string };
+  registry?: {
+    address: string;
+    path: string;
+    ca?: string;
+    /** https (default) or http. */
+    scheme?: "https" | "http";
+    /** base64 of user:password (a docker config's `auth`): containerd pulls with it. A secret. */
+    auth?: string;
+    /** Mirrors containerd tries first (http[s]://host[:port][/path]). */
+    mirrors?: string[];
+  };
   /** Optional HTTP(S) proxy for nodes: NGC templates' .proxy and bb-set-proxy. */
   proxy?: ProxySettings;
   packagesProxy: { endpoints: string[]; token: string };
-  /** Registry packages every node installs in step 007: name → digest. */
+  /** The cluster DNS service address(es) and domain the kubelet hands to pods (default 10.222.0.10, cluster.local). */
+  clusterDNS?: string[];
+  clusterDomain?: string;
+  /** The sandbox (pause) image containerd pins (default registry.k8s.io/pause:3.10). */
+  images?: { pause?: string };
+  /** Kubelet settings shared by every group. */
+  kubelet?: { featureGates?: Record<string, boolean> };
+  /**
+   * Registry packages: name → digest. Step 007 installs them, except the agent (080 updates it
+   * after a check) and the containerd package the group's cri.type does not use ("containerd"
+   * for Containerd, "containerd2" for ContainerdV2, neither for NotManaged). A "containerd" or
+   * "containerd2" package adds 032_configure_containerd, a "kubelet" package the kubelet steps
+   * and the API proxy.
+   */
   packages: Record<string, PackageDigest>;
   /** The agent itself: which of `packages` it is, and its version (for bashibles/<group>). */
   agent: { package: string; version: string };

@@ -1,5 +1,6 @@
 // Unit files shipped to nodes pass `systemd-analyze verify`, with ExecStart pointing at a
-// real built agent.
+// real built agent. (The units steps render, containerd's, the kubelet's and the API proxy's, are
+// verified by the steps themselves before they are written: see the steps-* tests.)
 import t from "tap";
 import { spawnSync } from "node:child_process";
 import { mkdtemp, readFile, readdir, writeFile, rm } from "node:fs/promises";
@@ -17,7 +18,9 @@ t.test("every unit verifies", { skip: have ? false : "systemd-analyze not instal
   await buildDist(dist);
   for (const name of (await readdir(UNITS)).filter((f) => /\.(service|timer)$/.test(f))) {
     const text = await readFile(path.join(UNITS, name), "utf8");
-    t.match(text, /ExecStart=\/opt\/deckhouse\/lib\/bashible\/bashible /, `${name} runs the installed agent`);
+    if (name === "bashible.service") {
+      t.match(text, /ExecStart=\/opt\/deckhouse\/lib\/bashible\/bashible /, `${name} runs the installed agent`);
+    }
     const local = path.join(dir, name);
     await writeFile(local, text.replaceAll("/opt/deckhouse/lib/bashible/bashible", path.join(dist, "bashible")));
     const r = spawnSync("systemd-analyze", ["verify", local], { encoding: "utf8" });

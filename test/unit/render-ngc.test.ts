@@ -189,10 +189,15 @@ t.test("any weight orders the step as Deckhouse names it (%03d_<name>)", async (
   t.same(steps, [
     "-05_early.sh",
     "000_add_node_users",
+    "000_configure_kubernetes_api_proxy",
     "003_install_ca_certificates",
     "004_add_deckhouse_paths",
     "005_five.sh",
     "007_fetch_registry_packages",
+    "032_configure_containerd",
+    "064_configure_kubelet",
+    "069_start_kubelet",
+    "080_setup_bashible_service",
     "1000_late.sh",
     "100_default.sh",
   ]);

@@ -18,33 +18,161 @@ const worker = () => structuredClone(base.nodeGroups.find((g) => g.metadata.name
 const inputs = (patch: Partial<RenderInputs> = {}): RenderInputs => ({ ...structuredClone(base), ...patch });
 const render = (i: RenderInputs, ng = i.nodeGroups[0]!, now = NOW) => renderGroup(ng, i, now);
 
+const step = <K extends string>(r: ReturnType<typeof render>, kind: K) => {
+  const found = r.bundle.steps.find((s) => s.kind === kind);
+  if (!found) throw new Error(`no ${kind} step`);
+  return found as Extract<(typeof r.bundle.steps)[number], { kind: K }>;
+};
+
 t.test("the example renders the built-in steps and the NGC in name order", async (t) => {
   const r = render(inputs());
   t.same(
     r.bundle.steps.map((s) => `${s.name}:${s.kind}`),
     [
       "000_add_node_users:NodeUsers",
+      "000_configure_kubernetes_api_proxy:KubernetesApiProxy",
       "003_install_ca_certificates:CACertificates",
       "004_add_deckhouse_paths:DeckhousePath",
       "007_fetch_registry_packages:RegistryPackages",
+      "032_configure_containerd:Containerd",
       "050_sysctl-tuning:Script",
+      "064_configure_kubelet:Kubelet",
+      "069_start_kubelet:KubeletStart",
+      "080_setup_bashible_service:BashibleService",
     ],
   );
-  const script = r.bundle.steps[4]!;
-  t.match(
-    script.kind === "Script" && script.spec.script,
-    /tuning sysctls for node group worker/,
-    "Go template rendered",
-  );
+  const script = step(r, "Script");
+  t.match(script.spec.script, /tuning sysctls for node group worker/, "Go template rendered");
   t.equal(r.checksum, bundleChecksum(r.bundle));
   t.match(r.checksum, /^[0-9a-f]{64}$/);
   t.equal(r.bundle.metadata.annotations?.["bashible.deckhouse.io/configuration-checksum"], r.checksum);
-  const pk = r.bundle.steps[3]!;
-  t.same(pk.kind === "RegistryPackages" && pk.spec.packages.map((p) => `${p.name}@${p.repository}`), [
-    "bashible@deckhouse/ce/packages",
-    "containerd@deckhouse/ce/packages",
-    "kubelet@deckhouse/ce/packages",
+  t.same(
+    step(r, "RegistryPackages").spec.packages.map((p) => `${p.name}@${p.repository}`),
+    ["containerd@deckhouse/ce/packages", "kubelet@deckhouse/ce/packages"],
+    "the agent is not installed by 007: 080 checks it first",
+  );
+  const agent = step(r, "BashibleService").spec;
+  t.equal(agent.agent.name, "bashible");
+  t.equal(
+    agent.cleanupScript,
+    (r.bashible.data as Record<string, string>)["cleanup_static_node.sh"],
+    "the cleanup script bashibles serves",
+  );
+  t.same(step(r, "KubernetesApiProxy").spec, { listen: "127.0.0.1:6445", upstreams: ["127.0.0.1:6443"] });
+});
+
+t.test("NodeGroup kubelet, cri and nodeTemplate reach the kubelet and containerd steps", async (t) => {
+  const ng = worker();
+  ng.spec.kubelet = {
+    maxPods: 42,
+    containerLogMaxSize: "10Mi",
+    containerLogMaxFiles: 7,
+    rootDir: "/data/kubelet",
+    resourceReservation: { mode: "Static", static: { cpu: "500m", memory: "1Gi" } },
+  };
+  ng.spec.cri = { type: "Containerd", containerd: { maxConcurrentDownloads: 9 } };
+  ng.spec.nodeTemplate = {
+    labels: { "example.com/team": "a", "node-role.kubernetes.io/worker": "", "node.kubernetes.io/pool": "p1" },
+    taints: [{ key: "dedicated", value: "db", effect: "NoExecute" }],
+  };
+  const i = inputs({ nodeGroups: [ng] });
+  i.context.kubelet = { featureGates: { MemoryQoS: true } };
+  i.context.registry = {
+    ...i.context.registry!,
+    auth: Buffer.from("puller:s3cret").toString("base64"),
+    mirrors: ["https://mirror.example.com"],
+  };
+  const r = render(i, ng);
+  const k = step(r, "Kubelet").spec;
+  t.equal(k.maxPods, 42);
+  t.equal(k.containerLogMaxSize, "10Mi");
+  t.equal(k.containerLogMaxFiles, 7);
+  t.equal(k.rootDir, "/data/kubelet");
+  t.same(k.resourceReservation, { mode: "Static", static: { cpu: "500m", memory: "1Gi" } });
+  t.same(k.featureGates, { MemoryQoS: true });
+  t.same(
+    k.nodeLabels,
+    {
+      "example.com/team": "a",
+      "node.kubernetes.io/pool": "p1",
+      "node.deckhouse.io/group": "worker",
+      "node.deckhouse.io/type": ng.spec.nodeType,
+    },
+    "labels the kubelet may not set are left to the cluster side",
+  );
+  t.same(k.nodeTaints, [
+    { key: "node.deckhouse.io/bashible-uninitialized", effect: "NoSchedule" },
+    { key: "dedicated", value: "db", effect: "NoExecute" },
   ]);
+  const c = step(r, "Containerd").spec;
+  t.equal(c.maxConcurrentDownloads, 9);
+  t.equal(c.cgroupDriver, k.cgroupDriver, "containerd and the kubelet use one cgroup driver");
+  t.same(
+    c.registries.map((x) => [x.host, x.auth !== undefined, x.mirrors]),
+    [["registry.example.com", true, ["https://mirror.example.com"]]],
+  );
+});
+
+t.test(
+  "kubelet extras: seccomp, topology manager, swap, static reservation numbers, a CRI socket of its own",
+  async (t) => {
+    const ng = worker();
+    ng.spec.kubelet = {
+      seccompDefault: true,
+      topologyManager: { enabled: true, policy: "SingleNumaNode", scope: "Pod" },
+      memorySwap: { swapBehavior: "LimitedSwap" },
+      resourceReservation: { mode: "Static", static: { cpu: 1, memory: "2Gi" } },
+    };
+    ng.spec.cri = { type: "NotManaged", notManaged: { criSocketPath: "/run/crio/crio.sock" } };
+    const k = step(render(inputs({ nodeGroups: [ng] }), ng), "Kubelet").spec;
+    t.equal(k.seccompDefault, true);
+    t.same(k.topologyManager, { policy: "single-numa-node", scope: "pod" });
+    t.equal(k.swapBehavior, "LimitedSwap");
+    t.same(k.resourceReservation.static, { cpu: "1", memory: "2Gi" });
+    t.equal(k.criSocket, "/run/crio/crio.sock");
+    ng.spec.kubelet = { topologyManager: { enabled: false, policy: "Restricted" } };
+    t.notOk(step(render(inputs({ nodeGroups: [ng] }), ng), "Kubelet").spec.topologyManager, "disabled: left out");
+  },
+);
+
+t.test("cri.type picks the containerd package; NotManaged leaves containerd alone", async (t) => {
+  const i = inputs();
+  i.context.packages.containerd2 = { digest: `sha256:${"4".repeat(64)}` };
+  const pkgs = (r: ReturnType<typeof render>) => step(r, "RegistryPackages").spec.packages.map((p) => p.name);
+  const ng = worker();
+  t.same(pkgs(render(i, ng)), ["containerd", "kubelet"]);
+  ng.spec.cri = { type: "ContainerdV2" };
+  const v2 = render(i, ng);
+  t.same(pkgs(v2), ["containerd2", "kubelet"]);
+  t.equal(step(v2, "Containerd").spec.package, "containerd2");
+  ng.spec.cri = { type: "NotManaged" };
+  const none = render(i, ng);
+  t.same(pkgs(none), ["kubelet"]);
+  t.notOk(
+    none.bundle.steps.some((s) => s.kind === "Containerd"),
+    "no containerd step",
+  );
+  t.ok(
+    none.bundle.steps.some((s) => s.kind === "Kubelet"),
+    "the kubelet is still managed",
+  );
+});
+
+t.test("without a kubelet package there are no kubelet steps and no API proxy", async (t) => {
+  const i = inputs();
+  delete i.context.packages.kubelet;
+  const kinds = render(i).bundle.steps.map((s) => s.kind);
+  t.notOk(kinds.includes("Kubelet") || kinds.includes("KubeletStart") || kinds.includes("KubernetesApiProxy"));
+  t.ok(kinds.includes("BashibleService"));
+});
+
+t.test("a bad kubelet setting is refused naming the NodeGroup", async (t) => {
+  const ng = worker();
+  ng.spec.kubelet = { containerLogMaxSize: "ten megabytes" };
+  t.throws(() => render(inputs({ nodeGroups: [ng] }), ng), {
+    name: "RenderError",
+    message: /NodeGroup\/worker .*containerLogMaxSize/,
+  });
 });
 
 t.test("same inputs give byte-identical output, whatever the input order", async (t) => {
@@ -201,7 +329,7 @@ t.test(
       });
     }
     const r = render(i);
-    t.equal(r.bundle.steps.length, 61);
+    t.equal(r.bundle.steps.length, 66);
     const names = r.bundle.steps.map((s) => s.name);
     t.same(names, [...names].sort(), "ordered by name");
   },
