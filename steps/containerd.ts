@@ -203,7 +203,7 @@ async function planConfig(host: Host, spec: ContainerdSpec, content: string): Pr
   });
   if (change && secrets.length && change.diff && !change.diff.startsWith("(")) {
     const before = change.action === "create" ? "" : ((await host.readText(CONFIG)) ?? "");
-    change.diff = unifiedDiff(CONFIG, redactAll(before, secrets), redactAll(content, secrets));
+    change.diff = await unifiedDiff(CONFIG, redactAll(before, secrets), redactAll(content, secrets));
   }
   return change;
 }
@@ -279,30 +279,15 @@ const step: Step<"Containerd"> = {
     }
     const unit = await planUnit(host, UNIT, renderUnit(stamp, version));
     changes.push(...unit.changes);
-    // Deckhouse's scripts ask for a restart with containerd-need-restart; the engine reads the flag named after the unit.
-    if (await ctx.flags.has(DECKHOUSE_FLAG)) {
-      changes.push(
-        {
-          kind: "flag",
-          name: ENGINE_FLAG,
-          action: "set",
-          why: `flag ${DECKHOUSE_FLAG}`,
-          summary: `restart ${UNIT}: a script set ${DECKHOUSE_FLAG}`,
-        },
-        {
-          kind: "flag",
-          name: DECKHOUSE_FLAG,
-          action: "unset",
-          why: `passed on as ${ENGINE_FLAG}`,
-          summary: `unset ${DECKHOUSE_FLAG}`,
-        },
-      );
-    } else if (!unit.state.active) {
+    if (!unit.state.active) {
       changes.push(startByRestart(UNIT, ENGINE_FLAG));
     }
     return { changes, problems: [] };
   },
-  services: () => [{ unit: UNIT, reads: [CONFIG, `${CONF_D}/`, unitPath(UNIT)], onChange: "restart" }],
+  // Deckhouse's scripts ask for a restart with containerd-need-restart.
+  services: () => [
+    { unit: UNIT, reads: [CONFIG, `${CONF_D}/`, unitPath(UNIT)], onChange: "restart", flags: [DECKHOUSE_FLAG] },
+  ],
   secrets: (spec) => credentials(spec),
 };
 

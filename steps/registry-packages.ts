@@ -16,7 +16,7 @@
 // D8_ROOT (the root prefix: "" on a real node), PACKAGE_NAME, PACKAGE_DIGEST, PACKAGE_DIR;
 // `uninstall` runs with cwd = the store directory and the same env. Both must be idempotent.
 import { createHash } from "node:crypto";
-import got, { HTTPError, RequestError } from "got";
+import type { HTTPError, RequestError } from "got";
 import type { RegistryPackageRef } from "../bundles/types.ts";
 import { PATHS } from "../bundles/paths.ts";
 import { DIGEST } from "../bundles/rules.ts";
@@ -145,16 +145,24 @@ export function layerOf(manifestBytes: Buffer, digest: string, where: string): s
   return last;
 }
 
-function describe(err: unknown): string {
-  if (err instanceof HTTPError) {
-    const s = err.response.statusCode;
-    const body = String(err.response.body ?? "")
+type Got = typeof import("got");
+/** got loads only when a package is fetched: planning a converged node never pays for it. */
+const loadGot = (): Promise<Got> => import("got");
+
+function describe(err: unknown, g: Got): string {
+  if (err instanceof g.HTTPError) {
+    const e = err as HTTPError;
+    const s = e.response.statusCode;
+    const body = String(e.response.body ?? "")
       .trim()
       .slice(0, 300);
     const hint = s === 401 ? " (the packages-proxy token in the bundle was refused)" : "";
     return `HTTP ${s}${hint}${body ? `: ${body}` : ""}`;
   }
-  if (err instanceof RequestError) return `${err.code ?? "network error"}: ${err.message}`;
+  if (err instanceof g.RequestError) {
+    const e = err as RequestError;
+    return `${e.code ?? "network error"}: ${e.message}`;
+  }
   return (err as Error).message;
 }
 
@@ -180,6 +188,8 @@ export async function fetchPackage(host: Host, ctx: FetchContext, ref: RegistryP
       `package ${ref.name}: the bundle carries no cluster CA to verify the registry-packages proxy with (context.clusterCA); refusing to fetch unverified`,
     );
   }
+  const g = await loadGot();
+  const got = g.default;
   const query = `digest=${encodeURIComponent(ref.digest)}&repository=${encodeURIComponent(ref.repository)}`;
   const errors: string[] = [];
   for (const endpoint of endpoints) {
@@ -218,8 +228,8 @@ export async function fetchPackage(host: Host, ctx: FetchContext, ref: RegistryP
       return archive;
     } catch (err) {
       if (ctx.signal?.aborted) throw err;
-      errors.push(`${endpoint}: ${describe(err)}`);
-      ctx.log.warn({ package: ref.name, endpoint, err: describe(err) }, "package download failed");
+      errors.push(`${endpoint}: ${describe(err, g)}`);
+      ctx.log.warn({ package: ref.name, endpoint, err: describe(err, g) }, "package download failed");
     }
   }
   throw new PackageFetchError(

@@ -83,6 +83,11 @@ export interface ServiceDecl {
   /** Node paths; a path ending in "/" covers everything under it. */
   reads: string[];
   onChange: "restart" | "reload";
+  /**
+   * Flags that also ask for it, besides `<unit>-need-restart` (Deckhouse's scripts set
+   * `containerd-need-restart` for containerd-deckhouse.service, say).
+   */
+  flags?: string[];
 }
 
 /** Deckhouse's run flags (/var/lib/bashible/.bb-workspace/flag): reboot, disruption, …. */

@@ -15,7 +15,6 @@ import { PATHS } from "../../bundles/paths.ts";
 import { getNode, type KubeObject } from "../../lib/kube/api.ts";
 import { redact } from "../host/runner.ts";
 import { agentArgv } from "../self.ts";
-import { clusterClients } from "./connect.ts";
 import { nodeName as resolveNodeName } from "./node-name.ts";
 import { ApiBundleSource, FileBundleSource, resolveBundleFile, type BundleSource } from "./source.ts";
 import { decide, type GateDecision } from "./gate.ts";
@@ -96,6 +95,8 @@ async function openSession(o: ConvergeOptions, mayWrite: boolean): Promise<Sessi
   let clients: KubeClient[] = [];
   let nodeError: string | undefined;
   if (!o.bundle || o.kubeconfig) {
+    // Loaded only with a cluster: TLS and the kubeconfig parser cost a local-mode plan ~100 ms.
+    const { clusterClients } = await import("./connect.ts");
     clients = await clusterClients(host, {
       kubeconfig: o.kubeconfig,
       servers: o.servers,

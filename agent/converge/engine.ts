@@ -55,6 +55,8 @@ export async function bundleSecrets(bundle: NodeGroupBundle): Promise<string[]> 
   return out.filter((v) => typeof v === "string" && v.length >= 4);
 }
 
+const flagsOf = (decl: ServiceDecl) => [FLAG.needRestart(decl.unit), ...(decl.flags ?? [])];
+
 const covers = (reads: string[], p: string) =>
   reads.some((r) => (r.endsWith("/") ? p.startsWith(r) || `${p}/` === r : p === r));
 
@@ -65,7 +67,7 @@ async function serviceChange(
   base: BaseContext,
 ): Promise<ServiceChange | undefined> {
   const why = [...changed].filter((p) => covers(decl.reads, p));
-  if (await base.flags.has(FLAG.needRestart(decl.unit))) why.push(`flag ${FLAG.needRestart(decl.unit)}`);
+  for (const f of flagsOf(decl)) if (await base.flags.has(f)) why.push(`flag ${f}`);
   if (why.length === 0) return undefined;
   return {
     kind: "service",
@@ -80,14 +82,16 @@ async function serviceChange(
 export async function planSteps(host: Host, bundle: NodeGroupBundle, base: BaseContext): Promise<StepPlan[]> {
   const secrets = await bundleSecrets(bundle);
   const out: StepPlan[] = [];
-  const changed = new Set<string>((await RunJournal.peek(host)).pending());
+  const journal = await RunJournal.peek(host);
+  const changed = new Set<string>();
   for (const step of bundle.steps) {
     try {
       const bound = await bind(step);
       const p = await bound.plan(host, contextFor(step, base, secrets));
       for (const c of p.changes) for (const path of pathsOf(c)) changed.add(path);
       for (const decl of bound.services(host)) {
-        const svc = await serviceChange(decl, changed, base);
+        // Paths this plan would change, and those an unfinished run changed that this unit has not picked up.
+        const svc = await serviceChange(decl, new Set([...changed, ...journal.pending(decl.unit)]), base);
         if (svc) p.changes.push(svc);
       }
       out.push({
@@ -158,7 +162,7 @@ export async function applySteps(
       log.info({ unit: decl.unit, action: decl.onChange, why: svc.why }, `${decl.onChange} ${decl.unit}`);
       await applyPrimitive(host, svc, { ...base, logFile, secrets });
       await journal.consume(decl.unit, svc.why);
-      await base.flags.unset(FLAG.needRestart(decl.unit));
+      for (const f of flagsOf(decl)) await base.flags.unset(f);
     }
   };
 

@@ -5,10 +5,9 @@ import { open, readdir, stat } from "node:fs/promises";
 import path from "node:path";
 import { createHash } from "node:crypto";
 import type { KubeClient } from "../../lib/kube/client.ts";
-import { KubeError, KubeStatusError } from "../../lib/kube/errors.ts";
+import { KubeError, KubeStatusError, ResponseTooLargeError } from "../../lib/kube/errors.ts";
 import { API_VERSION } from "../../bundles/types.ts";
 import { BundleRejectedError, MAX_BUNDLE_BYTES } from "../../bundles/verify.ts";
-import { ResponseTooLargeError } from "../../lib/kube/client.ts";
 
 export type Fetched = { raw: Buffer; etag?: string; via?: KubeClient } | { notModified: true; via?: KubeClient };
 

@@ -2,7 +2,6 @@
 // host and describe the difference (a unified diff for text the plan may show). The host's
 // confined reads refuse links and non-regular files, so a plan never shows what sits behind a
 // link or inside a FIFO.
-import { createTwoFilesPatch } from "diff";
 import type { DirChange, FileChange, SymlinkChange } from "./changes.ts";
 import { LinkRefusedError, NotRegularFileError } from "./confined.ts";
 import type { Host } from "./host.ts";
@@ -53,7 +52,7 @@ export async function planFile(host: Host, want: WantedFile): Promise<FileChange
         ? "(secret content)"
         : isBinary(wanted)
           ? "(binary content)"
-          : unifiedDiff(want.path, "", wanted.toString("utf8")),
+          : await unifiedDiff(want.path, "", wanted.toString("utf8")),
     };
   }
   let current: Buffer | undefined;
@@ -77,7 +76,7 @@ export async function planFile(host: Host, want: WantedFile): Promise<FileChange
     if (unreadable) diff = `(current content not shown: ${unreadable})`;
     else if (want.secret || (current && isBinary(current)) || isBinary(wanted))
       diff = "(secret or binary content differs)";
-    else diff = unifiedDiff(want.path, current?.toString("utf8") ?? "", wanted.toString("utf8"));
+    else diff = await unifiedDiff(want.path, current?.toString("utf8") ?? "", wanted.toString("utf8"));
   }
   return { ...base, action: "update", summary: `update ${want.path}: ${notes.join(", ")}`, diff };
 }
@@ -95,7 +94,7 @@ export async function planAbsent(
   if (st.isFile && !o.secret) {
     try {
       const current = (await host.readFile(nodePath)) ?? Buffer.alloc(0);
-      diff = isBinary(current) ? "(binary content)" : unifiedDiff(nodePath, current.toString("utf8"), "");
+      diff = isBinary(current) ? "(binary content)" : await unifiedDiff(nodePath, current.toString("utf8"), "");
     } catch (err) {
       if (!(err instanceof NotRegularFileError)) throw err;
       diff = `(content not shown: ${err.message})`;
@@ -143,7 +142,11 @@ export async function planSymlink(host: Host, nodePath: string, target: string):
   };
 }
 
-export function unifiedDiff(p: string, before: string, after: string): string {
+/** jsdiff loads with the first diff: a plan of a converged node makes none. */
+let jsdiff: Promise<typeof import("diff")> | undefined;
+
+export async function unifiedDiff(p: string, before: string, after: string): Promise<string> {
+  const { createTwoFilesPatch } = await (jsdiff ??= import("diff"));
   return createTwoFilesPatch(`a${p}`, `b${p}`, before, after, "", "", { context: 3 })
     .split("\n")
     .slice(1) // drop the "Index"/separator line jsdiff adds

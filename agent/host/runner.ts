@@ -4,7 +4,10 @@
 // which only ever loads in the short-lived converge child (docs/benchmarks.md compares it with a
 // bare spawn).
 import { constants } from "node:os";
-import { execa } from "execa";
+
+/** execa loads with the first command: a plan that runs none never pays for it. */
+let execaModule: Promise<typeof import("execa")> | undefined;
+const loadExeca = () => (execaModule ??= import("execa"));
 
 /** Programs the steps run, and the Debian / RHEL packages that provide them. */
 export const PROGRAM_PACKAGES: Record<string, { debian: string; rhel: string }> = {
@@ -112,6 +115,7 @@ export async function run(argv: string[], o: RunOptions = {}): Promise<RunResult
       o.onLine?.(stream, shown);
       // Nothing is kept by execa itself: the captured tail above is what callers see.
     };
+  const { execa } = await loadExeca();
   const sub = execa(file, args, {
     env: o.env,
     extendEnv: !o.cleanEnv,

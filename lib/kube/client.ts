@@ -3,7 +3,14 @@
 // retry differs between converge, fencing and the cluster controllers.
 import https from "node:https";
 import type { IncomingHttpHeaders, IncomingMessage } from "node:http";
-import { classifyTransportError, KubeError, KubeStatusError, KubeTimeoutError } from "./errors.ts";
+import {
+  classifyTransportError,
+  KubeError,
+  KubeStatusError,
+  KubeTimeoutError,
+  ResponseTooLargeError,
+} from "./errors.ts";
+export { ResponseTooLargeError };
 import type { KubeConnection } from "./kubeconfig.ts";
 
 export type Query = Record<string, string | number | boolean | undefined>;
@@ -19,11 +26,6 @@ export interface RequestOptions {
   signal?: AbortSignal;
   /** Read at most this many body bytes (ResponseTooLargeError beyond). */
   maxBytes?: number;
-}
-
-/** An answer larger than RequestOptions.maxBytes; reading stopped there. */
-export class ResponseTooLargeError extends Error {
-  override name = "ResponseTooLargeError";
 }
 
 export interface RawResponse {

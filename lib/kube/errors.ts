@@ -76,3 +76,8 @@ export function classifyTransportError(err: NodeJS.ErrnoException, url: string):
     return new KubeTLSError(`TLS failure talking to ${url}: ${detail}`, url, { cause: err });
   return new KubeNetworkError(`network failure talking to ${url}: ${detail}`, url, { cause: err });
 }
+
+/** An answer larger than RequestOptions.maxBytes; reading stopped there. */
+export class ResponseTooLargeError extends Error {
+  override name = "ResponseTooLargeError";
+}
