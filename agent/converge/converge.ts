@@ -415,6 +415,9 @@ async function convergeLocked(s: Session, o: ConvergeOptions): Promise<ConvergeR
   // matches, so a node about to reboot does not write it; the run after the reboot does (the
   // new boot id forces one). The approval annotations are the controller's to clear.
   await reporter.annotate(reboot ? { [NODE_KEYS.reboot]: null } : { [NODE_KEYS.checksum]: checksum });
+  // The first run's end: the cluster removes the taint the kubelet registered with (a kubelet
+  // may not remove its own), so workloads come only to a converged node.
+  if (firstRun) await reporter.label({ [NODE_KEYS.firstRunFinished]: "true" });
   await reporter.event(
     EVENTS.nodeUpdate,
     `converge to ${checksum.slice(0, 12)} finished; changed: ${changed.join(", ") || "nothing"}${reboot ? "; rebooting" : ""}`,

@@ -30,6 +30,18 @@ export class NodeReporter {
     }
   }
 
+  /** Merge-patches labels (null deletes); like annotate. */
+  async label(labels: Record<string, string | null>): Promise<boolean> {
+    if (!this.kube) return false;
+    try {
+      await patchNode(this.kube, this.nodeName, { metadata: { labels } });
+      return true;
+    } catch (err) {
+      this.log.warn(`could not label Node ${this.nodeName}: ${(err as Error).message}`);
+      return false;
+    }
+  }
+
   /** Merge-patches annotations (null deletes). Returns false when the API refused or was unreachable. */
   async annotate(annotations: Record<string, string | null>): Promise<boolean> {
     if (!this.kube) return false;

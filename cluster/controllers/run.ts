@@ -5,6 +5,7 @@ import type { KubeClient } from "../../lib/kube/client.ts";
 import type { Logger } from "../../lib/log/log.ts";
 import { LEASES, whileLeading, type Leadership, type LeaseTiming } from "../leadership.ts";
 import { UpdateController, type UpdateControllerOptions } from "./controller.ts";
+import { InitializedController } from "./initialized.ts";
 
 export interface RunControllersOptions extends LeaseTiming {
   client: KubeClient;
@@ -27,8 +28,17 @@ export function runControllers(o: RunControllersOptions): Leadership {
     },
     (signal) => {
       const c = new UpdateController({ ...o.controller, client: o.client, log: o.log, namespace: o.namespace });
+      const init = new InitializedController({ client: o.client, log: o.log });
       c.start();
-      signal.addEventListener("abort", () => c.stop(), { once: true });
+      init.start();
+      signal.addEventListener(
+        "abort",
+        () => {
+          c.stop();
+          init.stop();
+        },
+        { once: true },
+      );
     },
   );
 }

@@ -132,3 +132,29 @@ t.test("a disruptive change goes through the whole handshake with the real contr
   );
   t.pass("annotations cleared and the node uncordoned by the controller");
 });
+
+t.test("the first run's end lets workloads in: the controller removes the kubelet's uninitialized taint", async (t) => {
+  const n = await stack.kubeletNode("hs-2");
+  // As the kubelet registers it (--register-with-taints), with a taint of someone else's beside it.
+  await api.patchNode(cp.admin, "hs-2", {
+    spec: {
+      taints: [
+        { key: "node.deckhouse.io/bashible-uninitialized", effect: "NoSchedule" },
+        { key: "dedicated", value: "db", effect: "NoSchedule" },
+      ],
+    },
+  });
+  await stack.served("two");
+  t.equal((await bashible(["once", "--root", n.root, "--kubeconfig", n.kubeconfig])).status, 0);
+  const node = await waitFor("the taint removed", async () => {
+    const nd = await api.getNode(cp.admin, "hs-2");
+    const taints = (nd.spec as { taints?: { key: string }[] } | undefined)?.taints ?? [];
+    return taints.some((x) => x.key === "node.deckhouse.io/bashible-uninitialized") ? undefined : nd;
+  });
+  t.same(
+    ((node.spec as { taints?: { key: string }[] }).taints ?? []).map((x) => x.key),
+    ["dedicated"],
+    "other taints stay",
+  );
+  t.notOk("node.deckhouse.io/bashible-first-run-finished" in (node.metadata.labels ?? {}), "the label is consumed");
+});
