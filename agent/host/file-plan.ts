@@ -146,7 +146,8 @@ export async function planSymlink(host: Host, nodePath: string, target: string):
 let jsdiff: Promise<typeof import("diff")> | undefined;
 
 export async function unifiedDiff(p: string, before: string, after: string): Promise<string> {
-  const { createTwoFilesPatch } = await (jsdiff ??= import("diff"));
+  jsdiff ??= import("diff");
+  const { createTwoFilesPatch } = await jsdiff;
   return createTwoFilesPatch(`a${p}`, `b${p}`, before, after, "", "", { context: 3 })
     .split("\n")
     .slice(1) // drop the "Index"/separator line jsdiff adds
