@@ -13,6 +13,7 @@ const COMMANDS: Record<string, () => Promise<{ default: Command }>> = {
   status: () => import("./commands/status.ts"),
   facts: () => import("./commands/facts.ts"),
   "early-oom": () => import("./commands/early-oom.ts"),
+  fencing: () => import("./commands/fencing.ts"),
   "packages-proxy": () => import("../cluster/packages-proxy/command.ts"),
   package: () => import("./commands/package.ts"),
   "internal-disruption": () => import("./commands/internal-disruption.ts"),

@@ -35,6 +35,8 @@ export const NODE_KEYS = {
   fencingEnabled: "node-manager.deckhouse.io/fencing-enabled",
   fencingMode: "node-manager.deckhouse.io/fencing-mode",
   fencingDisable: "node-manager.deckhouse.io/fencing-disable",
+  /** The agent's own fencing timings (`watchdog=60s,detection=26s`), checked by the fencing controller. */
+  fencingTimings: "node-manager.deckhouse.io/fencing-timings",
   /** Taint the kubelet registers with until the first converge finished. */
   uninitializedTaint: "node.deckhouse.io/bashible-uninitialized",
   firstRunFinished: "node.deckhouse.io/bashible-first-run-finished",
@@ -57,6 +59,9 @@ export const EVENTS = {
   evictionRefused: "BashibleEvictionRefused",
   drained: "BashibleDrained",
   groupMisconfigured: "BashibleNodeGroupInvalid",
+  nodeFenced: "NodeFenced",
+  fencingNotify: "NodeFencingNotify",
+  fencingRefused: "NodeFencingRefused",
 } as const;
 
 /**

@@ -31,6 +31,10 @@ export const PATHS = {
   lock: "/var/lock/bashible",
   /** The daemon's pid and schedule, for `bashible status` (tmpfs on a node). */
   daemon: "/run/bashible/daemon.json",
+  /** Fencing's state for `bashible fencing status` (tmpfs: a reboot forgets a fence in progress). */
+  fencingStatus: "/run/bashible/fencing.json",
+  /** Fencing's metrics in the node_exporter textfile format. */
+  fencingMetrics: "/run/bashible/fencing.prom",
   logDir: "/var/log/d8/bashible",
   kubeletKubeconfig: "/etc/kubernetes/kubelet.conf",
   /** The kubelet's bootstrap kubeconfig (bootstrap token, server = the local API proxy). */

@@ -13,6 +13,7 @@ import { NAMESPACE } from "./checksums.ts";
 import { installCrds } from "./crds/install.ts";
 import { CONTROLLER_FLAGS, CONTROLLER_FLAGS_HELP, controllerSettings } from "./controllers/command.ts";
 import { asset } from "../lib/assets.ts";
+import * as fencingCtl from "./controllers/fencing.ts";
 
 /** Standalone without given certificates: a CA, a serving certificate and an admin client certificate. */
 async function selfSigned(certDir: string, hosts: string[]) {
@@ -93,6 +94,8 @@ Serving:
       --cert-dir DIR          where --standalone writes its certificates
       --reuse-port            share the port with other server processes on this host
 
+${fencingCtl.FENCING_CONTROLLER_HELP}
+
 See docs/cluster.md for the formats and the authorization model.`,
   options: {
     "config-dir": { type: "string" },
@@ -114,6 +117,7 @@ See docs/cluster.md for the formats and the authorization model.`,
     "client-ca-file": { type: "string" },
     standalone: { type: "boolean" },
     "cert-dir": { type: "string" },
+    ...fencingCtl.FENCING_CONTROLLER_OPTIONS,
   },
   async run({ values, log }) {
     // Measured (docs/benchmarks.md): with 10,000 watches open, V8's default heap growth let
@@ -133,6 +137,12 @@ See docs/cluster.md for the formats and the authorization model.`,
     const clientOpts = { userAgent: "bashible-server", maxSockets: 32 };
     if (str("kubeconfig")) kube = new KubeClient(await loadKubeconfig(str("kubeconfig")!), clientOpts);
     else if (v["in-cluster"]) kube = new KubeClient(await inClusterConnection(), clientOpts);
+    let fencingTimings: ReturnType<typeof fencingCtl.fencingTimingsFromFlags>;
+    try {
+      fencingTimings = fencingCtl.fencingTimingsFromFlags(v); // refuses unsafe timings before anything starts
+    } catch (err) {
+      throw new UsageError((err as Error).message);
+    }
     const configDir = str("config-dir") ?? (kube ? undefined : asset("examples/cluster"));
     if (configDir && !existsSync(configDir)) throw new UsageError(`--config-dir ${configDir} does not exist`);
     if (v["force-crds"] && !v["install-crds"]) throw new UsageError("--force-crds goes with --install-crds");
@@ -205,12 +215,17 @@ See docs/cluster.md for the formats and the authorization model.`,
       lease: { leaseDurationSeconds: settings.leaseDurationSeconds },
       reusePort: v["reuse-port"] === true,
     });
+    const fencing =
+      kube && !v["no-controllers"] && !v["no-fencing-controller"]
+        ? fencingCtl.startFencingController({ client: kube, log, timings: fencingTimings })
+        : undefined;
     await new Promise<void>((resolve) => {
       const stop = () => resolve();
       process.once("SIGTERM", stop);
       process.once("SIGINT", stop);
     });
     log.info("stopping");
+    await fencing?.stop();
     await app.stop();
     kube?.close();
     return EXIT.ok;

@@ -9,6 +9,7 @@ import { spawn } from "node:child_process";
 import type { KubeClient } from "../../lib/kube/client.ts";
 import type { WireConnection } from "./connections.ts";
 import { startResidentJobs, RESIDENT_HELP, RESIDENT_OPTIONS } from "./resident-jobs.ts";
+import { FENCING_HELP, FENCING_OPTIONS, startFencing } from "../fencing/options.ts";
 
 const PASS_THROUGH = [
   "bundle",
@@ -83,8 +84,10 @@ Options:
       --tick SECONDS      safety-net interval (default 60)
 ${RESIDENT_HELP}
 
-${CONVERGE_HELP}`,
-  options: { ...CONVERGE_OPTIONS, ...RESIDENT_OPTIONS, tick: { type: "string" } },
+${CONVERGE_HELP}
+
+${FENCING_HELP}`,
+  options: { ...CONVERGE_OPTIONS, ...RESIDENT_OPTIONS, ...FENCING_OPTIONS, tick: { type: "string" } },
   takesRoot: true,
   resident: true,
   async run({ values, root, log }) {
@@ -120,18 +123,21 @@ ${CONVERGE_HELP}`,
     });
     // Early OOM and the metrics endpoint (--early-oom, --metrics-address).
     const jobs = await startResidentJobs({ values, root, log, nodeName: node, kube: () => clients[0] });
+    // Fencing: its own loops beside converge and early OOM (--watchdog-device, --fencing-*).
+    const fencing = startFencing({ values, root, log, nodeName: node, kube: () => clients[0], metrics: jobs.registry });
     for (const sig of ["SIGTERM", "SIGINT"] as const) {
       process.once(sig, () => {
         log.info({ signal: sig }, "stopping");
         void jobs.stop(); // first, so the pod watch ends before the daemon closes the clients under it
-        daemon.stop();
+        // Fencing removes its label (2 s at most) before the daemon closes the clients; 'V' in every case.
+        void fencing.stop().finally(() => daemon.stop());
       });
     }
     try {
       await daemon.start();
       await daemon.done;
     } finally {
-      await jobs.stop();
+      await Promise.all([jobs.stop(), fencing.stop()]);
     }
     return EXIT.ok;
   },

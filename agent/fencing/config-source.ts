@@ -1,0 +1,66 @@
+// Where the resident agent learns the node group's fencing setting: the bundle it last applied
+// (status.json names it; bundles/<checksum>.json holds it). Read from disk, so an agent that
+// restarts after a crash re-arms at once, without waiting for the API.
+import { mkdirSync, watch, type FSWatcher } from "node:fs";
+import { readFile } from "node:fs/promises";
+import path from "node:path";
+import { PATHS } from "../../bundles/paths.ts";
+import type { NodeGroupBundle } from "../../bundles/types.ts";
+import type { FencingConfig } from "./fencing.ts";
+
+export async function appliedFencingConfig(root: string): Promise<FencingConfig | undefined> {
+  const status = JSON.parse(await readFile(path.join(root, PATHS.status), "utf8").catch(() => "{}")) as {
+    appliedChecksum?: string;
+  };
+  if (!status.appliedChecksum || !/^[0-9a-f]{64}$/.test(status.appliedChecksum)) return undefined;
+  const raw = await readFile(path.join(root, PATHS.bundles, `${status.appliedChecksum}.json`), "utf8").catch(
+    () => undefined,
+  );
+  if (!raw) return undefined;
+  const ng = (JSON.parse(raw) as NodeGroupBundle).context?.nodeGroup;
+  const mode = ng?.fencing?.mode;
+  return mode === "Watchdog" || mode === "Notify" ? { mode, nodeGroup: ng.name } : undefined;
+}
+
+/**
+ * Calls `onChange` with the applied fencing setting now and whenever a converge applies a new
+ * bundle (status.json is rewritten), plus every `pollMs` as a safety net.
+ */
+export function followAppliedFencingConfig(
+  root: string,
+  onChange: (cfg: FencingConfig | undefined) => void,
+  onError: (err: Error) => void,
+  pollMs = 60_000,
+): { close(): void } {
+  let last = "";
+  let timer: NodeJS.Timeout | undefined;
+  const check = () => {
+    appliedFencingConfig(root).then((cfg) => {
+      const key = JSON.stringify(cfg ?? null);
+      if (key === last) return;
+      last = key;
+      onChange(cfg);
+    }, onError);
+  };
+  let watcher: FSWatcher | undefined;
+  try {
+    mkdirSync(path.join(root, PATHS.stateDir), { recursive: true, mode: 0o755 });
+    watcher = watch(path.join(root, PATHS.stateDir), (_ev, name) => {
+      if (name !== path.basename(PATHS.status)) return;
+      clearTimeout(timer);
+      timer = setTimeout(check, 200);
+    });
+    watcher.on("error", onError);
+  } catch {
+    // cannot watch (no inotify here): the poll picks changes up
+  }
+  const poll = setInterval(check, pollMs);
+  check();
+  return {
+    close() {
+      watcher?.close();
+      clearInterval(poll);
+      clearTimeout(timer);
+    },
+  };
+}

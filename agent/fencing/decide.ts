@@ -1,0 +1,72 @@
+// The decision rule, pure: from this node's API check and its peers' answers, is the node part
+// of the cluster? Modelled on medik8s self-node-remediation's peer rule (a majority of peers
+// failing too means the control plane is down, not this node), with Deckhouse fencing-agent
+// v1's mistake in view: there, every node stopped petting during a control-plane outage.
+import type { ApiCheck } from "./health.ts";
+import type { PeerAnswer } from "./peers.ts";
+
+export type VerdictKind =
+  /** The API answered (2xx, or 401/403/404: an answer all the same). */
+  | "api"
+  /** The API did not answer here, and most answering peers cannot reach it either. */
+  | "outage"
+  /** The group has no other fencing node to ask. */
+  | "no-peers"
+  /** Peers answered but none had a fresh view of the API: they are reachable, the API question stays open. */
+  | "inconclusive"
+  /** Peers reach the API; this node does not. */
+  | "cut-off"
+  /** Neither the API nor any peer answered. */
+  | "isolated";
+
+export interface Verdict {
+  healthy: boolean;
+  /** Neither good nor bad: pets go on, but the count of bad rounds is not reset either. */
+  neutral?: boolean;
+  kind: VerdictKind;
+  reason: string;
+}
+
+export interface DecideOptions {
+  /** With no peer to ask, stop petting on API loss alone (default: keep petting). */
+  fenceWithoutPeers: boolean;
+}
+
+export function decide(api: ApiCheck, peers: PeerAnswer[] | undefined, knownPeers: number, o: DecideOptions): Verdict {
+  if (api.reached) {
+    const reason =
+      api.result === "auth"
+        ? `API answered ${api.detail ?? "401/403"}: connected (credentials need a reload, which is not isolation)`
+        : api.result === "no-lease"
+          ? "API answered; the kubelet has no Lease yet"
+          : `API answered in ${api.durationMs} ms`;
+    return { healthy: true, kind: "api", reason };
+  }
+  const apiWhy = `API ${api.result}${api.detail ? ` (${api.detail})` : ""}`;
+  if (knownPeers === 0) {
+    return o.fenceWithoutPeers
+      ? { healthy: false, kind: "no-peers", reason: `${apiWhy}; no peer to ask and fencing without peers is on` }
+      : {
+          healthy: true,
+          kind: "no-peers",
+          reason: `${apiWhy}; no peer in the group to tell an outage from isolation, so the node is kept`,
+        };
+  }
+  const all = peers ?? [];
+  const reaches = all.filter((p) => p.outcome === "reaches-api").length;
+  const noApi = all.filter((p) => p.outcome === "no-api").length;
+  const stale = all.filter((p) => p.outcome === "stale").length;
+  const answered = reaches + noApi;
+  const tally = `${reaches} reach the API, ${noApi} do not, ${stale} stale, ${all.length - answered - stale} no answer (of ${all.length} asked)`;
+  if (answered === 0 && stale > 0)
+    return {
+      healthy: true,
+      neutral: true,
+      kind: "inconclusive",
+      reason: `${apiWhy}; peers: ${tally}; peers are reachable, their view of the API is old`,
+    };
+  if (answered === 0) return { healthy: false, kind: "isolated", reason: `${apiWhy}; peers: ${tally}` };
+  if (noApi * 2 > answered)
+    return { healthy: true, kind: "outage", reason: `${apiWhy}; peers: ${tally}: a control-plane outage` };
+  return { healthy: false, kind: "cut-off", reason: `${apiWhy}; peers: ${tally}: this node is cut off` };
+}

@@ -1,0 +1,89 @@
+// "Does this node reach the Kubernetes API?": one cheap authenticated request with a deadline,
+// the failure sorted into the kinds lib/kube/errors.ts knows. The request is a GET of this
+// node's own kubelet Lease: a few hundred bytes, authorized for the node by the Node authorizer,
+// and it tells how long ago the kubelet last renewed, which is what the cluster side fences on.
+import type { KubeClient } from "../../lib/kube/client.ts";
+import { KubeError, KubeStatusError } from "../../lib/kube/errors.ts";
+
+export type ApiResult =
+  /** A 2xx answer. */
+  | "ok"
+  /** 401/403: the API server answered, the credentials did not pass (e.g. right after a rotation). */
+  | "auth"
+  /** 404: the server answered; the kubelet has not created its Lease (yet). */
+  | "no-lease"
+  | "server-error"
+  | "other-status"
+  | "timeout"
+  | "refused"
+  | "tls"
+  | "network"
+  /** No client at all (no credentials yet). */
+  | "no-client"
+  /** Told to peers: a check has waited for more than half its deadline (the API is hanging here). */
+  | "pending";
+
+export interface ApiCheck {
+  result: ApiResult;
+  /** The node reached the API server's HTTP layer (any answer with a status counts). */
+  reached: boolean;
+  at: number;
+  durationMs: number;
+  /** Short message for logs and status; never a credential. */
+  detail?: string;
+  /** Seconds since the kubelet last renewed this node's Lease (when read). */
+  kubeletLeaseAgeSeconds?: number;
+}
+
+/** Whether an answer shows the node is connected to a working API server. */
+export const reachedApi = (r: ApiResult) => r === "ok" || r === "auth" || r === "no-lease";
+
+export function classify(err: unknown): { result: ApiResult; detail: string } {
+  if (err instanceof KubeStatusError) {
+    const result: ApiResult =
+      err.status === 401 || err.status === 403
+        ? "auth"
+        : err.status === 404
+          ? "no-lease"
+          : err.status >= 500
+            ? "server-error"
+            : "other-status";
+    return { result, detail: `${err.status} ${err.reason}`.trim() };
+  }
+  if (err instanceof KubeError) {
+    const result = err.kind === "status" ? "other-status" : err.kind;
+    return { result, detail: err.message };
+  }
+  return { result: "network", detail: (err as Error)?.message ?? String(err) };
+}
+
+export async function checkApi(
+  client: KubeClient | undefined,
+  nodeName: string,
+  timeoutMs: number,
+  now: () => number,
+): Promise<ApiCheck> {
+  const at = now();
+  if (!client) return { result: "no-client", reached: false, at, durationMs: 0, detail: "no cluster credentials" };
+  try {
+    const lease = await client.request<{ spec?: { renewTime?: string } }>(
+      "GET",
+      `/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/${encodeURIComponent(nodeName)}`,
+      { timeoutMs },
+    );
+    const renew = lease.spec?.renewTime ? Date.parse(lease.spec.renewTime) : Number.NaN;
+    const done = now();
+    return {
+      result: "ok",
+      reached: true,
+      at,
+      durationMs: done - at,
+      ...(Number.isFinite(renew)
+        ? { kubeletLeaseAgeSeconds: Math.max(0, Math.round((Date.now() - renew) / 1000)) }
+        : {}),
+    };
+  } catch (err) {
+    const { result, detail } = classify(err);
+    return { result, reached: reachedApi(result), at, durationMs: now() - at, detail };
+  }
+}

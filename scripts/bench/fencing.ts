@@ -1,0 +1,250 @@
+// npm run bench -- fencing [--only gap,isolation,outage,rss] [--gap-seconds N] [--samples N]
+//                          [--compression K] [--rss-seconds N]
+//
+// The shipped agent (dist/bashible, --lite-mode) on a real kube-apiserver, each node with a
+// FIFO for its watchdog (bytes timed where the test reads them):
+// 1. gap: largest gap between pets (pet interval 1 s) while converges run back to back in the
+//    child (a CPU-bound script step), then with two CPU hogs on this 2-core machine as well.
+//    Goal: <= 1.5 x interval. A third phase renices the agent to -5. (Early OOM is not in the
+//    agent yet; see docs/fencing.md.)
+// 2. isolation: one node of three cut off (API and peers, through relays) → its last pet,
+//    against the detection window of the timings used. Goal: <= the window.
+// 3. outage: 10 nodes, the API server stopped (SIGSTOP) for 5 minutes time-compressed by K
+//    (every fencing timing divided by K, the outage too). Goal: 0 nodes stop petting.
+// 4. rss: the resident agent with fencing on (Watchdog) vs off, side by side. Goal: <= +3 MB.
+import { spawn, type ChildProcess } from "node:child_process";
+import { mkdtemp, readFile, writeFile } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { parseArgs } from "node:util";
+import { buildDist } from "../build.ts";
+import { startControlPlane } from "../../test/lib/control-plane.ts";
+import { type FencingCluster, startFencingCluster } from "../../test/fixtures/fencing.ts";
+import { makeBundle, script } from "../../test/fixtures/bundle.ts";
+import { waitFor } from "../../test/fixtures/cli.ts";
+import { detectionWindowMs } from "../../bundles/fencing.ts";
+import { parseTimings } from "../../agent/fencing/options.ts";
+import { DEFAULT_AGENT_TIMINGS } from "../../bundles/fencing.ts";
+
+const { values } = parseArgs({
+  options: {
+    only: { type: "string", default: "gap,restart,isolation,outage,rss" },
+    "gap-seconds": { type: "string", default: "60" },
+    samples: { type: "string", default: "5" },
+    compression: { type: "string", default: "5" },
+    "rss-seconds": { type: "string", default: "60" },
+  },
+});
+const only = new Set(values.only.split(","));
+const work = await mkdtemp(path.join(os.tmpdir(), "bench-fencing-"));
+const dist = path.join(work, "dist");
+await buildDist(dist);
+const command = { bin: path.join(dist, "bashible"), prefix: [] };
+const cp = await startControlPlane();
+const clusters: FencingCluster[] = [];
+const report: string[] = [];
+const say = (s: string) => {
+  report.push(s);
+  console.log(s);
+};
+const pct = (xs: number[], p: number) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))] ?? Number.NaN;
+};
+const median = (xs: number[]) => pct(xs, 50);
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+async function rssKb(pid: number): Promise<number> {
+  return Number(/VmRSS:\s+(\d+)/.exec(await readFile(`/proc/${pid}/status`, "utf8"))?.[1] ?? 0);
+}
+
+try {
+  if (only.has("gap")) {
+    const timings = "pet=1,check=1,api=0.8,peer=0.6,rounds=3";
+    const c = await startFencingCluster(cp, { group: "gap", nodes: [{ name: "gap-a" }], timings, command });
+    clusters.push(c);
+    const n = c.nodes[0]!;
+    n.agent.start();
+    await n.watchdog.nextPets(3);
+    // Converges back to back: each bundle change is a new checksum; first_run skips approval.
+    let i = 0;
+    let converges = 0;
+    let stop = false;
+    const burn = (k: number) =>
+      script(
+        "050_burn",
+        `# ${k}\ni=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; echo ${k} > "$BASHIBLE_ROOT/burnt"`,
+      );
+    const driver = (async () => {
+      while (!stop) {
+        const done = n.agent.waitMsg(/converge finished|converge did not finish/, 120_000);
+        await writeFile(path.join(n.root, "var/lib/bashible/first_run"), "");
+        const b = makeBundle([burn(++i)], {
+          group: "gap",
+          context: JSON.parse(await readFile(n.bundleFile, "utf8")).context,
+        });
+        await writeFile(`${n.bundleFile}.tmp`, JSON.stringify(b));
+        await import("node:fs/promises").then((fs) => fs.rename(`${n.bundleFile}.tmp`, n.bundleFile));
+        await done.catch(() => undefined);
+        converges++;
+      }
+    })();
+    const phase = async (label: string, seconds: number) => {
+      const from = n.watchdog.bytes.length;
+      const c0 = converges;
+      await sleep(seconds * 1000);
+      const ts = n.watchdog.bytes.slice(from).map((b) => b.t);
+      const gaps = ts.slice(1).map((t, k) => t - (ts[k] ?? t));
+      const max = Math.max(...gaps);
+      say(
+        `pet gap (${label}; interval 1000 ms; ${gaps.length} gaps, ${converges - c0} converges): p50 ${median(gaps).toFixed(0)} ms, p99 ${pct(gaps, 99).toFixed(0)} ms, max ${max.toFixed(0)} ms = ${(max / 1000).toFixed(2)} x interval (goal <= 1.5)`,
+      );
+    };
+    const secs = Number(values["gap-seconds"]);
+    await phase("converges running", secs);
+    const hogs: ChildProcess[] = [0, 1].map(() => spawn(process.execPath, ["-e", "for(;;){}"], { stdio: "ignore" }));
+    try {
+      await phase("converges + 2 CPU hogs on 2 cores", secs);
+      // The mitigation a unit file could apply (Nice=-5); converge children inherit it.
+      os.setPriority(n.agent.proc!.pid!, -5);
+      await phase("converges + 2 CPU hogs, agent at nice -5", secs);
+    } finally {
+      for (const h of hogs) h.kill("SIGKILL");
+    }
+    stop = true;
+    await driver;
+    await n.agent.signal("SIGTERM");
+  }
+
+  if (only.has("restart")) {
+    // A crash: SIGKILL, then the agent started again at once (systemd adds RestartSec=5).
+    const c = await startFencingCluster(cp, { group: "rst", nodes: [{ name: "rst-a" }], command });
+    clusters.push(c);
+    const n = c.nodes[0]!;
+    n.agent.start();
+    await n.watchdog.nextPets(2, 120_000);
+    const startup: number[] = [];
+    const unpetted: number[] = [];
+    for (let s = 0; s < Number(values.samples); s++) {
+      await n.watchdog.nextPets(1);
+      await n.agent.signal("SIGKILL");
+      const last = n.watchdog.bytes.at(-1)?.t ?? 0;
+      const first = n.watchdog.nextPets(1, 120_000);
+      const t0 = Number(process.hrtime.bigint()) / 1e6;
+      n.agent.start();
+      await first;
+      const t1 = n.watchdog.bytes.at(-1)?.t ?? t0;
+      startup.push(t1 - t0);
+      unpetted.push(t1 - last);
+    }
+    say(
+      `crash → restart (SIGKILL, started again at once; default timings), ${startup.length} samples: process start → first pet median ${median(startup).toFixed(0)} ms, max ${Math.max(...startup).toFixed(0)} ms; last pet → first pet max ${Math.max(...unpetted).toFixed(0)} ms (+ RestartSec 5 s under systemd; watchdog timeout 60 s)`,
+    );
+    await n.agent.signal("SIGTERM");
+  }
+
+  if (only.has("isolation")) {
+    const timings = "pet=0.5,check=1,api=2,peer=1.5,rounds=3";
+    const windowMs = detectionWindowMs({ ...DEFAULT_AGENT_TIMINGS, ...parseTimings(timings) });
+    const c = await startFencingCluster(cp, {
+      group: "iso",
+      nodes: [{ name: "iso-a" }, { name: "iso-b" }, { name: "iso-c" }],
+      timings,
+      command,
+    });
+    clusters.push(c);
+    for (const n of c.nodes) n.agent.start();
+    const [a, b] = c.nodes as [(typeof c.nodes)[0], (typeof c.nodes)[0]];
+    for (const n of c.nodes)
+      await waitFor(`${n.name} knows its peers`, async () => (await n.status())?.peersKnown === 2, 60_000);
+    const took: number[] = [];
+    for (let s = 0; s < Number(values.samples); s++) {
+      await a.watchdog.nextPets(2);
+      const stopped = a.agent.waitMsg(/stopped petting/, 120_000);
+      const t0 = Number(process.hrtime.bigint()) / 1e6;
+      a.cut();
+      await stopped;
+      await b.watchdog.nextPets(3); // time for any pet in flight to arrive
+      const last = a.watchdog.bytes.filter((x) => x.b !== "V").at(-1)?.t ?? t0;
+      took.push(last - t0);
+      const healthy = a.agent.waitMsg(/healthy again/, 120_000);
+      a.heal();
+      await healthy;
+    }
+    say(
+      `isolation → last pet (${timings}; detection window ${windowMs} ms), ${took.length} samples: median ${median(took).toFixed(0)} ms, max ${Math.max(...took).toFixed(0)} ms = ${(Math.max(...took) / windowMs).toFixed(2)} x window (goal <= 1)`,
+    );
+    for (const n of c.nodes) await n.agent.signal("SIGTERM");
+  }
+
+  if (only.has("outage")) {
+    const k = Number(values.compression);
+    const timings = `pet=${5 / k},check=${5 / k},api=${4 / k},peer=${3 / k},rounds=3`;
+    const c = await startFencingCluster(cp, {
+      group: "out",
+      nodes: Array.from({ length: 10 }, (_, i) => ({ name: `out-${i}` })),
+      timings,
+      command,
+    });
+    clusters.push(c);
+    for (const n of c.nodes) n.agent.start();
+    for (const n of c.nodes)
+      await waitFor(`${n.name} knows its peers`, async () => (await n.status())?.peersKnown === 9, 120_000);
+    const stops = c.nodes.map((n) => n.agent.lines.filter((l) => /stopped petting/.test(String(l.msg))).length);
+    const from = c.nodes.map((n) => n.watchdog.bytes.length);
+    const outage = 300 / k;
+    await c.pauseApiServer();
+    await sleep(outage * 1000);
+    await c.resumeApiServer();
+    const fenced = c.nodes.filter(
+      (n, i) => n.agent.lines.filter((l) => /stopped petting/.test(String(l.msg))).length > (stops[i] ?? 0),
+    );
+    const maxGap = Math.max(
+      ...c.nodes.map((n, i) => {
+        const ts = n.watchdog.bytes.slice(from[i]).map((b) => b.t);
+        return Math.max(...ts.slice(1).map((t, j) => t - (ts[j] ?? t)));
+      }),
+    );
+    const verdicts = await Promise.all(
+      c.nodes.map((n) => n.metric("bashible_fencing_verdicts_total", 'kind="outage"')),
+    );
+    say(
+      `control-plane outage of 300 s compressed ${k}x (${outage} s; ${timings}), 10 nodes: ${fenced.length} stopped petting (goal 0); ${verdicts.reduce((a, b) => a + b, 0)} outage verdicts; largest pet gap ${maxGap.toFixed(0)} ms (interval ${5000 / k} ms)`,
+    );
+    for (const n of c.nodes) await n.agent.signal("SIGTERM");
+  }
+
+  if (only.has("rss")) {
+    const on = await startFencingCluster(cp, { group: "rss-on", nodes: [{ name: "rss-on" }], command });
+    const off = await startFencingCluster(cp, { group: "rss-off", nodes: [{ name: "rss-off" }], mode: "off", command });
+    clusters.push(on, off);
+    const a = on.nodes[0]!;
+    const b = off.nodes[0]!;
+    const aPets = a.watchdog.nextPets(2, 120_000);
+    const bDone = b.agent.waitMsg(/converge finished/, 120_000);
+    a.agent.start();
+    b.agent.start();
+    await aPets;
+    await bDone;
+    const secs = Number(values["rss-seconds"]);
+    const sa: number[] = [];
+    const sb: number[] = [];
+    for (let s = 0; s < secs / 5; s++) {
+      await sleep(5000);
+      sa.push(await rssKb(a.agent.proc!.pid!));
+      sb.push(await rssKb(b.agent.proc!.pid!));
+    }
+    const half = (xs: number[]) => xs.slice(Math.floor(xs.length / 2));
+    const mOn = median(half(sa)) / 1024;
+    const mOff = median(half(sb)) / 1024;
+    say(
+      `resident RSS after ${secs} s (median of the last half of 5 s samples): fencing on ${mOn.toFixed(1)} MB, off ${mOff.toFixed(1)} MB, delta ${(mOn - mOff).toFixed(1)} MB (goal <= +3 MB); on/off ${(mOn / mOff).toFixed(2)}`,
+    );
+    await a.agent.signal("SIGTERM");
+    await b.agent.signal("SIGTERM");
+  }
+} finally {
+  for (const c of clusters) await c.stop();
+  await cp.stop();
+}
+console.log(`\n--- fencing benchmark, ${new Date().toISOString()}, ${os.cpus().length} cores\n${report.join("\n")}`);
+process.exit(0);

@@ -1,0 +1,118 @@
+import t from "tap";
+import { mkdir, mkdtemp, readFile, writeFile } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { readWatchdogInfo, sysfsDirFor, Watchdog } from "../../agent/fencing/watchdog.ts";
+import { setupSoftdog, SOFTDOG } from "../../agent/fencing/softdog.ts";
+import { fakeWatchdog } from "../fixtures/watchdog.ts";
+
+const tmp = () => mkdtemp(path.join(os.tmpdir(), "bashible-wd-"));
+
+t.test("pets are bytes, disarm is 'V' then close, and a second disarm writes nothing", async (t) => {
+  const root = await tmp();
+  const fifo = await fakeWatchdog(root);
+  t.teardown(() => fifo.close());
+  const wd = new Watchdog(fifo.path);
+  await wd.arm();
+  const pets = fifo.nextPets(3);
+  wd.pet();
+  wd.pet();
+  wd.pet();
+  await pets;
+  const v = fifo.nextMagicClose();
+  wd.disarm();
+  await v;
+  wd.disarm();
+  t.equal(wd.isOpen, false);
+  t.throws(() => wd.pet(), /not armed/);
+  t.same(
+    fifo.bytes.map((b) => b.b),
+    ["1", "1", "1", "V"],
+  );
+});
+
+t.test("release closes without 'V' (the timer keeps running)", async (t) => {
+  const root = await tmp();
+  const fifo = await fakeWatchdog(root);
+  t.teardown(() => fifo.close());
+  const wd = new Watchdog(fifo.path);
+  await wd.arm();
+  const pet = fifo.nextPets(1);
+  wd.pet();
+  await pet;
+  wd.release();
+  // a second agent opening the same device afterwards (a restart) pets it again
+  const again = new Watchdog(fifo.path);
+  await again.arm();
+  const next = fifo.nextPets(1);
+  again.pet();
+  await next;
+  again.disarm();
+  await fifo.nextMagicClose();
+  t.same(
+    fifo.bytes.map((b) => b.b),
+    ["1", "1", "V"],
+  );
+});
+
+t.test("a missing device is an error and is never created", async (t) => {
+  const root = await tmp();
+  const wd = new Watchdog(path.join(root, "dev/watchdog"));
+  await t.rejects(wd.arm(), /watchdog device .*ENOENT/);
+  await t.rejects(readFile(path.join(root, "dev/watchdog")), { code: "ENOENT" });
+  await mkdir(path.join(root, "dir"));
+  await t.rejects(new Watchdog(path.join(root, "dir")).arm(), /not a character device/);
+});
+
+t.test("timeout and identity come from sysfs where the kernel exposes them", async (t) => {
+  const root = await tmp();
+  t.equal(sysfsDirFor("/dev/watchdog"), "/sys/class/watchdog/watchdog0");
+  t.equal(sysfsDirFor("/dev/watchdog1"), "/sys/class/watchdog/watchdog1");
+  t.match((await readWatchdogInfo(root, "/dev/watchdog")).source, /not readable/);
+  const dir = path.join(root, "sys/class/watchdog/watchdog0");
+  await mkdir(dir, { recursive: true });
+  await writeFile(path.join(dir, "identity"), "Software Watchdog\n");
+  await writeFile(path.join(dir, "timeout"), "60\n");
+  t.same(await readWatchdogInfo(root, "/dev/watchdog"), {
+    identity: "Software Watchdog",
+    timeoutSeconds: 60,
+    timeLeftSeconds: undefined,
+    source: dir,
+  });
+});
+
+const real = await readWatchdogInfo("/", "/dev/watchdog");
+t.test(
+  "the real device, where this kernel has one readable in sysfs",
+  {
+    skip:
+      real.timeoutSeconds === undefined
+        ? `no watchdog in this kernel's sysfs (${real.source}); the device protocol is exercised with a FIFO`
+        : false,
+  },
+  async (t) => {
+    t.ok((real.timeoutSeconds ?? 0) > 0, `${real.identity}: timeout ${real.timeoutSeconds} s`);
+  },
+);
+
+t.test("softdog: options and boot-time load under the root; modprobe only recorded in a sandbox", async (t) => {
+  const root = await tmp();
+  const first = await setupSoftdog(root, "/dev/watchdog", 60);
+  t.same(first.changed, [SOFTDOG.modprobeConf, SOFTDOG.modulesLoad]);
+  t.match(
+    await readFile(path.join(root, SOFTDOG.modprobeConf), "utf8"),
+    /^options softdog soft_margin=60 soft_panic=1$/m,
+  );
+  t.match(await readFile(path.join(root, SOFTDOG.modulesLoad), "utf8"), /^softdog$/m);
+  t.match(first.load, /sandbox root/);
+  t.match(
+    await readFile(path.join(root, "var/lib/bashible/sandbox-actions.log"), "utf8"),
+    /modprobe softdog soft_margin=60 soft_panic=1/,
+  );
+  const fifo = await fakeWatchdog(root);
+  t.teardown(() => fifo.close());
+  const second = await setupSoftdog(root, "/dev/watchdog", 60);
+  t.same(second.changed, [], "a second setup changes nothing");
+  t.match(second.load, /present/);
+  t.equal(fifo.bytes.length, 0, "setting up never opens the device (an open would arm it)");
+});
