@@ -5,8 +5,8 @@
 // FIFO for its watchdog (bytes timed where the test reads them):
 // 1. gap: largest gap between pets (pet interval 1 s) while converges run back to back in the
 //    child (a CPU-bound script step), then with two CPU hogs on this 2-core machine as well.
-//    Goal: <= 1.5 x interval. A third phase renices the agent to -5. (Early OOM is not in the
-//    agent yet; see docs/fencing.md.)
+//    Early OOM runs beside it in dry-run on this machine's real /proc and cgroups. Goal: <= 1.5 x
+//    interval. A third phase renices the agent to -5.
 // 2. isolation: one node of three cut off (API and peers, through relays) → its last pet,
 //    against the detection window of the timings used. Goal: <= the window.
 // 3. outage: 10 nodes, the API server stopped (SIGSTOP) for 5 minutes time-compressed by K
@@ -60,7 +60,23 @@ async function rssKb(pid: number): Promise<number> {
 try {
   if (only.has("gap")) {
     const timings = "pet=1,check=1,api=0.8,peer=0.6,rounds=3";
-    const c = await startFencingCluster(cp, { group: "gap", nodes: [{ name: "gap-a" }], timings, command });
+    // Early OOM samples the machine's real PSI and cgroups beside the pets (dry-run: it kills nothing).
+    const c = await startFencingCluster(cp, {
+      group: "gap",
+      nodes: [{ name: "gap-a" }],
+      timings,
+      command,
+      agentArgs: [
+        "--early-oom",
+        "dry-run",
+        "--proc-root",
+        "/proc",
+        "--cgroup-root",
+        "/sys/fs/cgroup",
+        "--metrics-address",
+        "off",
+      ],
+    });
     clusters.push(c);
     const n = c.nodes[0]!;
     n.agent.start();
