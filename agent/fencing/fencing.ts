@@ -660,6 +660,7 @@ export class Fencing {
           // A resumed TLS session carries no peer certificate to check: full handshakes only.
           maxCachedSessions: 0,
           cert: tls.cert,
+          ca: tls.ca,
           key: tls.key,
           rejectUnauthorized: false,
         }),

@@ -117,6 +117,9 @@ export class PeerServer {
       {
         cert,
         key,
+        // The cluster CA is named in the certificate request; it also spares the context the
+        // system's root store (several MB of parsed certificates in a resident process).
+        ca: this.o.tls.ca,
         requestCert: true,
         rejectUnauthorized: false,
         minVersion: "TLSv1.2",
@@ -142,7 +145,7 @@ export class PeerServer {
   /** New certificate after a rotation: new connections use it. */
   updateTls(tls: PeerTls): void {
     this.cas = parseCAs(tls.ca);
-    this.server?.setSecureContext({ cert: tls.cert, key: tls.key });
+    this.server?.setSecureContext({ cert: tls.cert, key: tls.key, ca: tls.ca });
   }
 
   async stop(): Promise<void> {
@@ -213,6 +216,7 @@ function askOnce(peer: Peer, o: AskOptions): Promise<PeerAnswer & { retry?: bool
       path: PEER_PATH,
       method: "GET",
       cert: o.tls.cert,
+      ca: o.tls.ca,
       key: o.tls.key,
       rejectUnauthorized: false,
       agent: o.agent ?? false,

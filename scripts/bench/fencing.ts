@@ -53,8 +53,9 @@ const pct = (xs: number[], p: number) => {
 };
 const median = (xs: number[]) => pct(xs, 50);
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-async function rssKb(pid: number): Promise<number> {
-  return Number(/VmRSS:\s+(\d+)/.exec(await readFile(`/proc/${pid}/status`, "utf8"))?.[1] ?? 0);
+async function rssKb(pid: number, field = "VmRSS"): Promise<number> {
+  const m = new RegExp(`${field}:\\s+(\\d+)`).exec(await readFile(`/proc/${pid}/status`, "utf8"));
+  return Number(m?.[1] ?? 0);
 }
 
 try {
@@ -242,18 +243,21 @@ try {
     await aPets;
     await bDone;
     const secs = Number(values["rss-seconds"]);
-    const sa: number[] = [];
-    const sb: number[] = [];
+    const fields = ["VmRSS", "RssAnon", "RssFile"];
+    const sa: Record<string, number[]> = { VmRSS: [], RssAnon: [], RssFile: [] };
+    const sb: Record<string, number[]> = { VmRSS: [], RssAnon: [], RssFile: [] };
     for (let s = 0; s < secs / 5; s++) {
       await sleep(5000);
-      sa.push(await rssKb(a.agent.proc!.pid!));
-      sb.push(await rssKb(b.agent.proc!.pid!));
+      for (const f of fields) {
+        sa[f]!.push(await rssKb(a.agent.proc!.pid!, f));
+        sb[f]!.push(await rssKb(b.agent.proc!.pid!, f));
+      }
     }
     const half = (xs: number[]) => xs.slice(Math.floor(xs.length / 2));
-    const mOn = median(half(sa)) / 1024;
-    const mOff = median(half(sb)) / 1024;
+    const m = (xs: number[]) => median(half(xs)) / 1024;
+    const [rOn, rOff] = [m(sa.VmRSS!), m(sb.VmRSS!)];
     say(
-      `resident RSS after ${secs} s (median of the last half of 5 s samples): fencing on ${mOn.toFixed(1)} MB, off ${mOff.toFixed(1)} MB, delta ${(mOn - mOff).toFixed(1)} MB (goal <= +3 MB); on/off ${(mOn / mOff).toFixed(2)}`,
+      `resident RSS after ${secs} s (median of the last half of 5 s samples): fencing on ${rOn.toFixed(1)} MB, off ${rOff.toFixed(1)} MB, delta ${(rOn - rOff).toFixed(1)} MB (goal <= +3 MB); on/off ${(rOn / rOff).toFixed(2)}; of the delta: anonymous ${(m(sa.RssAnon!) - m(sb.RssAnon!)).toFixed(1)} MB, file-backed (the binary's pages, shared and reclaimable) ${(m(sa.RssFile!) - m(sb.RssFile!)).toFixed(1)} MB`,
     );
     await a.agent.signal("SIGTERM");
     await b.agent.signal("SIGTERM");
