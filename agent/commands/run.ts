@@ -9,7 +9,7 @@ import { spawn } from "node:child_process";
 import type { KubeClient } from "../../lib/kube/client.ts";
 import type { WireConnection } from "./connections.ts";
 import { startResidentJobs, RESIDENT_HELP, RESIDENT_OPTIONS } from "./resident-jobs.ts";
-import { FENCING_HELP, FENCING_OPTIONS, startFencing } from "../fencing/options.ts";
+import { FENCING_HELP, FENCING_OPTIONS, fencingSettings, startFencing } from "../fencing/options.ts";
 
 const PASS_THROUGH = [
   "bundle",
@@ -92,6 +92,7 @@ ${FENCING_HELP}`,
   resident: true,
   async run({ values, root, log }) {
     const opts = convergeOptions(values, root, log); // validates the shared flags
+    fencingSettings(values); // and the fencing flags, before anything starts
     const tick = values.tick === undefined ? 60 : Number(values.tick);
     if (!Number.isFinite(tick) || tick <= 0) throw new UsageError("--tick must be a positive number of seconds");
     const childArgs: string[] = [];
@@ -129,7 +130,7 @@ ${FENCING_HELP}`,
       process.once(sig, () => {
         log.info({ signal: sig }, "stopping");
         void jobs.stop(); // first, so the pod watch ends before the daemon closes the clients under it
-        // Fencing removes its label (2 s at most) before the daemon closes the clients; 'V' in every case.
+        // Fencing removes its label (2 s at most) before the daemon closes the clients, then disarms.
         void fencing.stop().finally(() => daemon.stop());
       });
     }

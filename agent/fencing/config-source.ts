@@ -1,7 +1,7 @@
 // Where the resident agent learns the node group's fencing setting: the bundle it last applied
 // (status.json names it; bundles/<checksum>.json holds it). Read from disk, so an agent that
 // restarts after a crash re-arms at once, without waiting for the API.
-import { mkdirSync, watch, type FSWatcher } from "node:fs";
+import { watch, type FSWatcher } from "node:fs";
 import { readFile } from "node:fs/promises";
 import path from "node:path";
 import { PATHS } from "../../bundles/paths.ts";
@@ -43,18 +43,24 @@ export function followAppliedFencingConfig(
     }, onError);
   };
   let watcher: FSWatcher | undefined;
-  try {
-    mkdirSync(path.join(root, PATHS.stateDir), { recursive: true, mode: 0o755 });
-    watcher = watch(path.join(root, PATHS.stateDir), (_ev, name) => {
-      if (name !== path.basename(PATHS.status)) return;
-      clearTimeout(timer);
-      timer = setTimeout(check, 200);
-    });
-    watcher.on("error", onError);
-  } catch {
-    // cannot watch (no inotify here): the poll picks changes up
-  }
-  const poll = setInterval(check, pollMs);
+  const watchState = () => {
+    if (watcher) return;
+    try {
+      watcher = watch(path.join(root, PATHS.stateDir), (_ev, name) => {
+        if (name !== path.basename(PATHS.status)) return;
+        clearTimeout(timer);
+        timer = setTimeout(check, 200);
+      });
+      watcher.on("error", onError);
+    } catch {
+      // no state directory yet (nothing converged): the poll tries again
+    }
+  };
+  watchState();
+  const poll = setInterval(() => {
+    watchState();
+    check();
+  }, pollMs);
   check();
   return {
     close() {
