@@ -87,6 +87,8 @@ export interface FencingStatus {
   labelled: boolean;
   lastCheck?: ApiCheck;
   peersKnown: number;
+  /** The peers from the last Node list seen, kept for a restart while the API is out of reach. */
+  peers: Peer[];
   lastPeers?: PeerAnswer[];
   verdict?: Verdict & { at: string };
   badRounds: number;
@@ -196,6 +198,7 @@ export class Fencing {
     const next = this.chain.then(async () => {
       if (cfg?.mode === this.cfg?.mode && cfg?.nodeGroup === this.cfg?.nodeGroup) return;
       if (this.running) await this.shutdown("configuration changed");
+      if (cfg?.nodeGroup !== this.cfg?.nodeGroup) this.nodes = new Map();
       this.cfg = cfg;
       if (cfg) await this.startup(cfg);
       else await this.writeStatus();
@@ -231,6 +234,7 @@ export class Fencing {
       labelled: this.labelled,
       lastCheck: this.lastCheck,
       peersKnown: this.peers().length,
+      peers: this.peers(),
       lastPeers: this.lastPeers,
       verdict: this.verdict ? { ...this.verdict, at: iso(this.verdict.at) ?? "" } : undefined,
       badRounds: this.badRounds,
@@ -242,7 +246,17 @@ export class Fencing {
   // ---- lifecycle -------------------------------------------------------------------------
 
   private async startup(cfg: FencingConfig): Promise<void> {
-    const previous = await this.readPreviousStatus();
+    const [previous, peers] = await this.readPreviousStatus(cfg);
+    // The last Node list seen, until the API gives a new one: a restart while the API is out of
+    // reach must still have peers to ask (with none, a node would be kept as a lone node).
+    if (this.nodes.size === 0)
+      for (const p of peers)
+        this.nodes.set(p.name, {
+          name: p.name,
+          address: p.address,
+          labels: { [NODE_KEYS.fencingEnabled]: "" },
+          annotations: {},
+        });
     // A restart in the middle of a fence must not re-open the device (an open is a pet):
     // stay down until a healthy verdict.
     if (previous?.fencing) {
@@ -723,15 +737,19 @@ export class Fencing {
 
   // ---- state on disk ---------------------------------------------------------------------
 
-  private async readPreviousStatus(): Promise<FencingStatus | undefined> {
+  /** The previous agent's status when it is recent enough to continue from, and its peer list in any case. */
+  private async readPreviousStatus(cfg: FencingConfig): Promise<[FencingStatus | undefined, Peer[]]> {
+    let s: FencingStatus;
     try {
-      const s = JSON.parse(await readFile(path.join(this.o.root, PATHS.fencingStatus), "utf8")) as FencingStatus;
-      // A status older than one detection window says nothing about now.
-      if (this.now() - Date.parse(s.updatedAt) > detectionWindowMs(this.t) + this.t.checkIntervalMs) return undefined;
-      return s.node === this.o.nodeName ? s : undefined;
+      s = JSON.parse(await readFile(path.join(this.o.root, PATHS.fencingStatus), "utf8")) as FencingStatus;
     } catch {
-      return undefined;
+      return [undefined, []];
     }
+    if (s.node !== this.o.nodeName || s.nodeGroup !== cfg.nodeGroup) return [undefined, []];
+    const peers = Array.isArray(s.peers) ? s.peers : [];
+    // A status older than one detection window says nothing about now.
+    const recent = this.now() - Date.parse(s.updatedAt) <= detectionWindowMs(this.t) + this.t.checkIntervalMs;
+    return [recent ? s : undefined, peers];
   }
 
   private async writeStatus(): Promise<void> {

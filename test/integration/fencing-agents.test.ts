@@ -94,6 +94,29 @@ t.test("one node cut off from the API and its peers stops petting; the others ke
   await waitFor("a's status says not fencing", async () => (await a.status())?.fencing === false);
 });
 
+t.test("a fence in progress survives stopping and restarting the agent", async (t) => {
+  const stopped = a.agent.waitMsg(/stopped petting/);
+  a.cut();
+  try {
+    await stopped;
+    const released = a.agent.waitMsg(/released without disarming/);
+    t.equal(await a.agent.signal("SIGTERM"), 0);
+    await released;
+    // Restarted while still cut off: the new agent does not re-open the device (an open is a pet).
+    const held = a.agent.waitMsg(/previous agent was fencing/);
+    a.agent.start();
+    await held;
+    const petsHeld = a.watchdog.pets;
+    await a.agent.waitLog("a bad verdict after the restart", (r) => r.healthy === false);
+    t.equal(a.watchdog.pets, petsHeld, "no pet after the restart while cut off");
+    t.equal(a.watchdog.count("V"), 0, "never disarmed: the watchdog would have fired");
+  } finally {
+    a.heal();
+  }
+  await a.agent.waitMsg(/healthy again/);
+  await a.watchdog.nextPets(3);
+});
+
 t.test("maintenance annotations disarm (magic close) and re-arm afterwards", async (t) => {
   for (const key of [NODE_KEYS.fencingDisable, NODE_KEYS.disruptionApproved]) {
     const v = b.watchdog.nextMagicClose();
