@@ -118,6 +118,9 @@ export const CLEANUP_PATHS = [
   NODE_USERS.homeBase,
   ...ALL_PROFILE_DROP_INS,
   NODE_USERS.sudoersDropIn,
+  // softdog set up for fencing (agent/fencing/softdog.ts)
+  "/etc/modprobe.d/bashible-softdog.conf",
+  "/etc/modules-load.d/bashible-softdog.conf",
 ];
 
 /**

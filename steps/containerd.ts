@@ -260,7 +260,7 @@ async function planRegistries(host: Host, spec: ContainerdSpec): Promise<Primiti
 
 const step: Step<"Containerd"> = {
   kind: "Containerd",
-  async plan(spec, host, ctx) {
+  async plan(spec, host) {
     const stamp = await binaryStamp(host, BIN, spec.package);
     const version = (await recordedVersion(host, stamp)) ?? (await installedVersion(host));
     const changes: Primitive[] = [];
