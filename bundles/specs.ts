@@ -5,7 +5,7 @@
 //
 // Adding a step kind: add its schema to STEP_SPECS below, its module to steps/index.ts, its
 // render input to cluster/render/catalogue.ts (docs/steps.md, "Adding a step").
-import { arr, bool, int, type Infer, obj, oneOf, opt, record, SpecError, str } from "./schema.ts";
+import { arr, bool, int, type Infer, num, obj, oneOf, opt, record, SpecError, str } from "./schema.ts";
 import { CERT_NAME, DIGEST, ENDPOINT, MAX_NODE_USER_UID, MIN_NODE_USER_UID, PACKAGE_NAME, USER_NAME } from "./rules.ts";
 
 const pem = (what: string) =>
@@ -204,6 +204,18 @@ export const BUNDLE_CONTEXT = obj({
     nodeType: oneOf(["CloudEphemeral", "CloudPermanent", "CloudStatic", "Static"] as const),
     disruptions: obj({ approvalMode: oneOf(["Manual", "Automatic", "RollingUpdate"] as const) }),
     fencing: opt(obj({ mode: oneOf(["Watchdog", "Notify"] as const) })),
+    /** Early OOM for the group (NodeGroup spec.earlyOom): on unless disabled; thresholds refine the agent's defaults. */
+    earlyOom: opt(
+      obj({
+        enabled: opt(bool()),
+        dryRun: opt(bool()),
+        fullStallPercent: opt(num({ min: 0.1, max: 100 })),
+        durationMs: opt(int({ min: 0, max: 300_000 })),
+        memAvailablePercent: opt(num({ min: 0, max: 100 })),
+        excludeNamespaces: opt(arr(str({ max: 63 }), { max: 256 })),
+        excludeLabels: opt(arr(str({ max: 317 }), { max: 256 })),
+      }),
+    ),
     updateEpoch: str({ max: 32 }),
   }),
   /** host:port of API servers, for the api-proxy and as the agent's fallback. */

@@ -28,6 +28,8 @@ export const RESIDENT_HELP = `      --metrics-address HOST:PORT|off  Prometheus 
 export interface ResidentJobs {
   registry: Registry;
   earlyOom: EarlyOom | undefined;
+  /** Re-read the node group's settings from the applied bundle (after a converge). */
+  refresh(): void;
   stop(): Promise<void>;
 }
 
@@ -94,10 +96,35 @@ export async function startResidentJobs(o: {
       log.warn(`metrics endpoint ${address} not started: ${(err as Error).message}`);
     }
   }
+  // The node group's setting (NodeGroup spec.earlyOom, in the applied bundle) refines the flags:
+  // followed from disk, so a restarted agent applies it before it reaches the API.
+  let follower: { close(): void; refresh(): void } | undefined;
+  if (earlyOom) {
+    const eo = earlyOom;
+    const base = { ...settings, ...(mode === "dry-run" ? { dryRun: true } : {}) };
+    const { followApplied, appliedNodeGroup } = await import("../fencing/config-source.ts");
+    follower = followApplied(
+      root,
+      async (r) => (await appliedNodeGroup(r))?.earlyOom,
+      (group) => {
+        try {
+          eo.configure({ ...base, ...(group ?? {}) });
+          if (group) log.info({ earlyOom: group }, "early OOM follows the node group's setting");
+        } catch (err) {
+          log.warn(
+            `the node group's early OOM setting is refused, keeping the last good one: ${(err as Error).message}`,
+          );
+        }
+      },
+      (err) => log.warn(`cannot read the applied bundle for early OOM: ${err.message}`),
+    );
+  }
   return {
     registry,
     earlyOom,
+    refresh: () => follower?.refresh(),
     async stop() {
+      follower?.close();
       await Promise.all([earlyOom?.stop(), server?.close()]);
     },
   };

@@ -8,7 +8,7 @@ import { CONVERGE_HELP, CONVERGE_OPTIONS, convergeOptions } from "./converge-opt
 import { spawn } from "node:child_process";
 import type { KubeClient } from "../../lib/kube/client.ts";
 import type { WireConnection } from "./connections.ts";
-import { startResidentJobs, RESIDENT_HELP, RESIDENT_OPTIONS } from "./resident-jobs.ts";
+import { startResidentJobs, RESIDENT_HELP, RESIDENT_OPTIONS, type ResidentJobs } from "./resident-jobs.ts";
 import { FENCING_HELP, FENCING_OPTIONS, fencingSettings, startFencing } from "../fencing/options.ts";
 
 const PASS_THROUGH = [
@@ -106,6 +106,8 @@ ${FENCING_HELP}`,
     let clients: KubeClient[] = [];
     if (!opts.bundle || opts.kubeconfig) clients = await connectViaChild(childArgs);
     const node = await nodeName(host, opts.nodeName);
+    let jobs: ResidentJobs | undefined;
+    let fencing: ReturnType<typeof startFencing> | undefined;
     const daemon = new Daemon({
       root,
       log,
@@ -121,24 +123,29 @@ ${FENCING_HELP}`,
             return clients;
           }
         : undefined,
+      // A converge may have applied a bundle with new node group settings for the resident jobs.
+      onConvergeEnd: () => {
+        jobs?.refresh();
+        fencing?.refresh();
+      },
     });
     // Early OOM and the metrics endpoint (--early-oom, --metrics-address).
-    const jobs = await startResidentJobs({ values, root, log, nodeName: node, kube: () => clients[0] });
+    jobs = await startResidentJobs({ values, root, log, nodeName: node, kube: () => clients[0] });
     // Fencing: its own loops beside converge and early OOM (--watchdog-device, --fencing-*).
-    const fencing = startFencing({ values, root, log, nodeName: node, kube: () => clients[0], metrics: jobs.registry });
+    fencing = startFencing({ values, root, log, nodeName: node, kube: () => clients[0], metrics: jobs.registry });
     for (const sig of ["SIGTERM", "SIGINT"] as const) {
       process.once(sig, () => {
         log.info({ signal: sig }, "stopping");
-        void jobs.stop(); // first, so the pod watch ends before the daemon closes the clients under it
+        void jobs?.stop(); // first, so the pod watch ends before the daemon closes the clients under it
         // Fencing removes its label (2 s at most) before the daemon closes the clients, then disarms.
-        void fencing.stop().finally(() => daemon.stop());
+        void (fencing?.stop() ?? Promise.resolve()).finally(() => daemon.stop());
       });
     }
     try {
       await daemon.start();
       await daemon.done;
     } finally {
-      await Promise.all([jobs.stop(), fencing.stop()]);
+      await Promise.all([jobs?.stop(), fencing?.stop()]);
     }
     return EXIT.ok;
   },

@@ -40,6 +40,8 @@ export interface DaemonOptions {
   spawnChild?: (argv: string[]) => ChildProcess;
   /** Called with the Node as the watch sees it (fencing and early OOM read it too). */
   onNode?: (node: KubeObject | undefined) => void;
+  /** Called when a converge child ended (the applied bundle may have changed). */
+  onConvergeEnd?: () => void;
 }
 
 /** Files whose change means the node's credentials changed. */
@@ -348,6 +350,7 @@ export class Daemon {
     this.child = child;
     child.once("exit", (code, signal) => {
       this.child = undefined;
+      this.o.onConvergeEnd?.();
       if (code !== 0) this.log.warn({ code, signal }, "converge did not finish cleanly; the next tick retries");
       if (this.abort.signal.aborted) return this.resolveDone();
       const again = this.rerun;

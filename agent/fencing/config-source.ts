@@ -1,6 +1,6 @@
-// Where the resident agent learns the node group's fencing setting: the bundle it last applied
-// (status.json names it; bundles/<checksum>.json holds it). Read from disk, so an agent that
-// restarts after a crash re-arms at once, without waiting for the API.
+// Where the resident agent learns its node group's settings (fencing, early OOM): the bundle it
+// last applied (status.json names it; bundles/<checksum>.json holds it). Read from disk, so an
+// agent that restarts after a crash re-arms at once, without waiting for the API.
 import { watch, type FSWatcher } from "node:fs";
 import { readFile } from "node:fs/promises";
 import path from "node:path";
@@ -8,7 +8,10 @@ import { PATHS } from "../../bundles/paths.ts";
 import type { NodeGroupBundle } from "../../bundles/types.ts";
 import type { FencingConfig } from "./fencing.ts";
 
-export async function appliedFencingConfig(root: string): Promise<FencingConfig | undefined> {
+type NodeGroupContext = NodeGroupBundle["context"]["nodeGroup"];
+
+/** The node group part of the last applied bundle's context, or undefined before any. */
+export async function appliedNodeGroup(root: string): Promise<NodeGroupContext | undefined> {
   const status = JSON.parse(await readFile(path.join(root, PATHS.status), "utf8").catch(() => "{}")) as {
     appliedChecksum?: string;
   };
@@ -17,9 +20,16 @@ export async function appliedFencingConfig(root: string): Promise<FencingConfig 
     () => undefined,
   );
   if (!raw) return undefined;
-  const ng = (JSON.parse(raw) as NodeGroupBundle).context?.nodeGroup;
+  return (JSON.parse(raw) as NodeGroupBundle).context?.nodeGroup;
+}
+
+export function fencingConfigOf(ng: NodeGroupContext | undefined): FencingConfig | undefined {
   const mode = ng?.fencing?.mode;
-  return mode === "Watchdog" || mode === "Notify" ? { mode, nodeGroup: ng.name } : undefined;
+  return ng && (mode === "Watchdog" || mode === "Notify") ? { mode, nodeGroup: ng.name } : undefined;
+}
+
+export async function appliedFencingConfig(root: string): Promise<FencingConfig | undefined> {
+  return fencingConfigOf(await appliedNodeGroup(root));
 }
 
 /**
@@ -31,15 +41,32 @@ export function followAppliedFencingConfig(
   onChange: (cfg: FencingConfig | undefined) => void,
   onError: (err: Error) => void,
   pollMs = 60_000,
-): { close(): void } {
+): Follower {
+  return followApplied(root, appliedFencingConfig, onChange, onError, pollMs);
+}
+
+export interface Follower {
+  close(): void;
+  /** Read again now (the daemon calls it when a converge ended). */
+  refresh(): void;
+}
+
+/** Like followAppliedFencingConfig, for any setting read from the applied bundle. */
+export function followApplied<T>(
+  root: string,
+  read: (root: string) => Promise<T>,
+  onChange: (value: T) => void,
+  onError: (err: Error) => void,
+  pollMs = 60_000,
+): Follower {
   let last = "";
   let timer: NodeJS.Timeout | undefined;
   const check = () => {
-    appliedFencingConfig(root).then((cfg) => {
-      const key = JSON.stringify(cfg ?? null);
+    read(root).then((value) => {
+      const key = JSON.stringify(value ?? null);
       if (key === last) return;
       last = key;
-      onChange(cfg);
+      onChange(value);
     }, onError);
   };
   let watcher: FSWatcher | undefined;
@@ -67,6 +94,10 @@ export function followAppliedFencingConfig(
       watcher?.close();
       clearInterval(poll);
       clearTimeout(timer);
+    },
+    refresh() {
+      watchState();
+      check();
     },
   };
 }

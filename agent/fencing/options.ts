@@ -98,7 +98,7 @@ export function startFencing(o: {
   kube: () => KubeClient | undefined;
   /** The resident process's registry (served at /metrics). */
   metrics?: Registry;
-}): { fencing: Fencing; stop(): Promise<void> } {
+}): { fencing: Fencing; refresh(): void; stop(): Promise<void> } {
   const s = fencingSettings(o.values);
   const fencing = new Fencing({
     root: o.root,
@@ -121,6 +121,7 @@ export function startFencing(o: {
   );
   return {
     fencing,
+    refresh: () => follower.refresh(),
     async stop() {
       follower.close();
       await fencing.stop();

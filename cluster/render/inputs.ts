@@ -17,6 +17,16 @@ export interface NodeGroupObject {
     nodeType: "CloudEphemeral" | "CloudPermanent" | "CloudStatic" | "Static";
     disruptions?: { approvalMode?: "Manual" | "Automatic" | "RollingUpdate" };
     fencing?: { mode: "Watchdog" | "Notify" };
+    /** Early OOM on the group's nodes (bundle context nodeGroup.earlyOom; docs/early-oom.md). */
+    earlyOom?: {
+      enabled?: boolean;
+      dryRun?: boolean;
+      fullStallPercent?: number;
+      durationMs?: number;
+      memAvailablePercent?: number;
+      excludeNamespaces?: string[];
+      excludeLabels?: string[];
+    };
     /** Rendered into 064_configure_kubelet (NodeGroupConfiguration templates see all of spec under .nodeGroup). */
     kubelet?: {
       maxPods?: number;

@@ -114,6 +114,7 @@ function bundleContext(ng: NodeGroupObject, ctx: ClusterContext, nowMs: number):
       nodeType: spec.nodeType,
       disruptions: { approvalMode: spec.disruptions?.approvalMode ?? "Automatic" },
       ...(spec.fencing ? { fencing: { mode: spec.fencing.mode } } : {}),
+      ...(spec.earlyOom ? { earlyOom: { ...spec.earlyOom } } : {}),
       updateEpoch: updateEpoch(ctx.clusterUUID, ng.metadata.name, nowMs),
     },
     apiserverEndpoints: [...ctx.apiserverEndpoints],

@@ -245,6 +245,41 @@ t.test("sustained pressure: the kubelet's first pick is killed whole, with an Ev
   t.equal(s?.lastAction?.pod, "default/web");
 });
 
+t.test("the node group turns early OOM off and on again through the bundle it applies", async (t) => {
+  // The agent's first converge waits for update approval (no first_run here): approve, as the
+  // approval controller would, so bundles get applied.
+  await cp.admin.request("PATCH", `/api/v1/nodes/${NODE}`, {
+    body: { metadata: { annotations: { "update.node.deckhouse.io/approved": "" } } },
+  });
+  const off = makeBundle([script("050_x", "true")], {
+    context: { nodeGroup: { ...makeBundle([]).context.nodeGroup, earlyOom: { enabled: false } } },
+  });
+  await writeBundle(work, off);
+  await waitFor(
+    "early OOM disabled by the group",
+    async () => {
+      const m = await fetch(`${agentUrl}/metrics`)
+        .then((r) => r.text())
+        .catch(() => "");
+      return /bashible_early_oom_enabled 0/.test(m) ? true : undefined;
+    },
+    30_000,
+  );
+  const on = makeBundle([script("050_x", "true")], {
+    context: { nodeGroup: { ...makeBundle([]).context.nodeGroup, earlyOom: { enabled: true, dryRun: true } } },
+  });
+  await writeBundle(work, on);
+  await waitFor(
+    "early OOM on again, dry run",
+    async () => {
+      const st = await agentStatus();
+      return st?.config?.dryRun === true ? st : undefined;
+    },
+    30_000,
+  );
+  t.pass("followed the applied bundle both ways");
+});
+
 t.test("the agent stops on SIGTERM", async (t) => {
   daemon.kill("SIGTERM");
   t.equal(await daemonExit, 0, daemonOut.slice(-2000));
