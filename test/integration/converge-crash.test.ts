@@ -53,7 +53,9 @@ async function endState(root: string): Promise<string[]> {
     rel.startsWith("var/log/") ||
     rel === "var/lib/bashible/status.json" ||
     rel.startsWith("var/lock") ||
-    rel.startsWith("var/lib/bashible/bundles/");
+    rel.startsWith("var/lib/bashible/bundles/") ||
+    // The agent as scripts call it: it names its root, which differs between the two trees.
+    rel === "var/lib/bashible/bin/bashible";
   const walk = async (dir: string) => {
     for (const name of (await readdir(dir)).sort()) {
       const p = path.join(dir, name);
