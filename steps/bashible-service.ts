@@ -142,36 +142,11 @@ async function installInto(
   archive: string,
   release: string,
 ): Promise<void> {
-  const work = `${PATHS.packageDownloads}/${ref.name}/${hexOf(ref.digest)}.d`;
-  await host.remove(work, { recursive: true });
-  await host.mkdir(work, { mode: 0o700 });
-  try {
-    const workReal = await host.fs.realPath(work);
-    await host.mustRun(["tar", "-xzf", await host.fs.realPath(archive), "-C", workReal, "--no-same-owner"], {
-      logFile: ctx.logFile,
-      secrets: ctx.secrets,
-    });
-    if (!(await host.stat(`${work}/install`))?.isFile) {
-      throw new Error(
-        `package ${ref.name} (${ref.digest}) is not a registry package: its layer has no 'install' script`,
-      );
-    }
-    await host.mustRun(["bash", "./install"], {
-      cwd: work,
-      env: {
-        D8_ROOT: await host.fs.realPath(release),
-        PACKAGE_NAME: ref.name,
-        PACKAGE_DIGEST: ref.digest,
-        PACKAGE_DIR: workReal,
-      },
-      timeoutMs: (await packages()).fetchPolicy.installTimeoutMs,
-      logFile: ctx.logFile,
-      secrets: ctx.secrets,
-      ...(ctx.signal ? { signal: ctx.signal } : {}),
-    });
-  } finally {
-    await host.remove(work, { recursive: true });
-  }
+  // The release directory is the package's root: its install puts the agent under it.
+  await (await packages()).unpackAndInstall(host, ctx, ref, archive, {
+    d8Root: await host.fs.realPath(release),
+    needUninstall: false,
+  });
 }
 
 /** `bashible version` and `bashible plan` of the staged release against this bundle and node. */

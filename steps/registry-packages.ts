@@ -241,11 +241,24 @@ function packageEnv(host: Host, name: string, digest: string, realDir: string): 
   return { D8_ROOT: host.sandbox ? host.root : "", PACKAGE_NAME: name, PACKAGE_DIGEST: digest, PACKAGE_DIR: realDir };
 }
 
-export async function installPackage(
+export interface UnpackContext {
+  logFile?: string;
+  signal?: AbortSignal;
+  secrets?: string[];
+}
+
+/**
+ * Unpacks a verified archive into a private work directory and runs the package's `install`
+ * with D8_ROOT = `d8Root` (the root prefix: "" on a real node). `after` sees the work directory
+ * before it is removed (to keep the scripts, say). The layer must hold `install` (and
+ * `uninstall` when `needUninstall`).
+ */
+export async function unpackAndInstall(
   host: Host,
-  ctx: { logFile?: string; signal?: AbortSignal; secrets?: string[] },
+  ctx: UnpackContext,
   ref: RegistryPackageRef,
   archive: string,
+  o: { d8Root: string; needUninstall: boolean; after?: (work: string) => Promise<void> },
 ): Promise<void> {
   const work = `${DOWNLOADS}/${ref.name}/${hexOf(ref.digest)}.d`;
   await host.remove(work, { recursive: true });
@@ -254,8 +267,9 @@ export async function installPackage(
     const workReal = await host.fs.realPath(work);
     await host.mustRun(["tar", "-xzf", await host.fs.realPath(archive), "-C", workReal, "--no-same-owner"], {
       logFile: ctx.logFile,
+      secrets: ctx.secrets ?? [],
     });
-    for (const script of ["install", "uninstall"]) {
+    for (const script of o.needUninstall ? ["install", "uninstall"] : ["install"]) {
       if (!(await host.stat(`${work}/${script}`))?.isFile) {
         throw new PackageInstallError(
           `package ${ref.name} (${ref.digest}) is not a registry package: its layer has no '${script}' script`,
@@ -264,9 +278,10 @@ export async function installPackage(
     }
     const r = await host.run(["bash", "./install"], {
       cwd: work,
-      env: packageEnv(host, ref.name, ref.digest, workReal),
+      env: { D8_ROOT: o.d8Root, PACKAGE_NAME: ref.name, PACKAGE_DIGEST: ref.digest, PACKAGE_DIR: workReal },
       timeoutMs: fetchPolicy.installTimeoutMs,
       logFile: ctx.logFile,
+      secrets: ctx.secrets ?? [],
       ...(ctx.signal ? { signal: ctx.signal } : {}),
     });
     if (r.exitCode !== 0 || r.killed) {
@@ -275,17 +290,32 @@ export async function installPackage(
         `package ${ref.name} (${ref.digest}): install exited ${r.exitCode}${tail ? `:\n${tail}` : ""}`,
       );
     }
-    const store = `${STORE}/${ref.name}`;
-    await host.mkdir(store, { mode: 0o755 });
-    for (const script of ["install", "uninstall"]) {
-      await host.writeFile(`${store}/${script}`, (await host.readFile(`${work}/${script}`)) ?? "", { mode: 0o755 });
-    }
-    await host.writeFile(`${store}/${OWNER_FILE}`, OWNER, { mode: 0o644 });
-    // The digest is written last: it is what says "installed".
-    await host.writeFile(`${store}/digest`, `${ref.digest}\n`, { mode: 0o644 });
+    await o.after?.(work);
   } finally {
     await host.remove(work, { recursive: true });
   }
+}
+
+export async function installPackage(
+  host: Host,
+  ctx: UnpackContext,
+  ref: RegistryPackageRef,
+  archive: string,
+): Promise<void> {
+  await unpackAndInstall(host, ctx, ref, archive, {
+    d8Root: host.sandbox ? host.root : "",
+    needUninstall: true,
+    after: async (work) => {
+      const store = `${STORE}/${ref.name}`;
+      await host.mkdir(store, { mode: 0o755 });
+      for (const script of ["install", "uninstall"]) {
+        await host.writeFile(`${store}/${script}`, (await host.readFile(`${work}/${script}`)) ?? "", { mode: 0o755 });
+      }
+      await host.writeFile(`${store}/${OWNER_FILE}`, OWNER, { mode: 0o644 });
+      // The digest is written last: it is what says "installed".
+      await host.writeFile(`${store}/digest`, `${ref.digest}\n`, { mode: 0o644 });
+    },
+  });
   await host.remove(archive);
 }
 

@@ -2,46 +2,21 @@
 // rendered. The CRDs refuse most of these already; objects from --config-dir (or a CRD
 // installed by someone else) do not pass through that validation, so the server checks again.
 import { DECKHOUSE_BUNDLES, isDeckhouseBundle } from "../../bundles/os-families.ts";
+import {
+  DIGEST,
+  ENDPOINT,
+  GROUP_NAME,
+  NGC_NAME,
+  PACKAGE_NAME,
+  RESERVED_USERS,
+  USER_NAME,
+} from "../../bundles/rules.ts";
 import { RenderError } from "./errors.ts";
 import type { ClusterContext, NodeGroupConfigurationObject, NodeUserObject } from "./inputs.ts";
 
 export const MAX_SCRIPT_BYTES = 256 * 1024;
-const GROUP_NAME = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
-/** A Kubernetes object name (DNS subdomain; `_` too, for config dirs); Deckhouse's NGC names end in `.sh`. */
-const NGC_NAME = /^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$/;
-const USER_NAME = /^[a-z_][a-z0-9_-]{0,31}$/;
-const PACKAGE_NAME = /^[a-z0-9][a-z0-9._-]{0,62}$/;
-const DIGEST = /^sha256:[0-9a-f]{64}$/;
-const ENDPOINT = /^[A-Za-z0-9.-]+:[0-9]{1,5}$|^\[[0-9a-fA-F:]+\]:[0-9]{1,5}$/;
 /** Safe inside a double-quoted shell word and in sed: what bootstrap scripts and sed read. */
 const SHELL_SAFE = /^[A-Za-z0-9:./_-]+$/;
-/** Accounts every distribution has or that the agent and Kubernetes need for themselves. */
-const RESERVED_USERS = new Set([
-  "root",
-  "daemon",
-  "bin",
-  "sys",
-  "sync",
-  "games",
-  "man",
-  "lp",
-  "mail",
-  "news",
-  "uucp",
-  "proxy",
-  "www-data",
-  "backup",
-  "list",
-  "irc",
-  "nobody",
-  "systemd-network",
-  "systemd-resolve",
-  "messagebus",
-  "sshd",
-  "deckhouse",
-  "kubelet",
-  "containerd",
-]);
 
 export function checkGroupName(name: string): void {
   if (typeof name !== "string" || name.length > 42 || !GROUP_NAME.test(name)) {
