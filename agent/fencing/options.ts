@@ -5,7 +5,7 @@ import type { KubeClient } from "../../lib/kube/client.ts";
 import { UsageError, type OptionSpec, type ParsedValues } from "../../lib/cli.ts";
 import { Registry } from "../../lib/prometheus.ts";
 import { type AgentTimings, DEFAULT_AGENT_TIMINGS, detectionWindowMs } from "../../bundles/fencing.ts";
-import { Fencing } from "./fencing.ts";
+import type { Fencing, FencingConfig } from "./fencing.ts";
 import type { PeerTls } from "./peers.ts";
 import { followAppliedFencingConfig } from "./config-source.ts";
 
@@ -87,8 +87,10 @@ export function peerTlsOf(client: KubeClient | undefined): PeerTls | undefined {
 }
 
 /**
- * Starts fencing beside the daemon: follows the applied bundle's fencing setting. Returns the
- * stop function (call it before the daemon closes its clients, so the label can be removed).
+ * Starts fencing beside the daemon: follows the applied bundle's fencing setting. The fencing
+ * code (watchdog, peer endpoint, API checks) is loaded the first time a node group turns it on,
+ * so nodes without fencing do not carry it. Returns the stop function (call it before the
+ * daemon closes its clients, so the label can be removed).
  */
 export function startFencing(o: {
   values: ParsedValues;
@@ -98,33 +100,46 @@ export function startFencing(o: {
   kube: () => KubeClient | undefined;
   /** The resident process's registry (served at /metrics). */
   metrics?: Registry;
-}): { fencing: Fencing; refresh(): void; stop(): Promise<void> } {
+}): { current(): Fencing | undefined; refresh(): void; stop(): Promise<void> } {
   const s = fencingSettings(o.values);
-  const fencing = new Fencing({
-    root: o.root,
-    device: s.device,
-    nodeName: o.nodeName,
-    log: o.log,
-    kube: o.kube,
-    metrics: o.metrics ?? new Registry(),
-    peerTls: () => peerTlsOf(o.kube()),
-    peerPort: s.peerPort,
-    listenPort: s.listenPort,
-    peerAddress: s.peerAddress,
-    timings: s.timings,
-    fenceWithoutPeers: s.fenceWithoutPeers,
-  });
-  const follower = followAppliedFencingConfig(
-    o.root,
-    (cfg) => void fencing.configure(cfg),
-    (err) => o.log.warn({ err: err.message }, "fencing: cannot read the applied bundle"),
+  let fencing: Fencing | undefined;
+  // Serialises loading and configuring: settings apply in the order the follower saw them.
+  let chain: Promise<void> = Promise.resolve();
+  const apply = (cfg: FencingConfig | undefined) => {
+    chain = chain
+      .then(async () => {
+        if (!fencing && !cfg) return;
+        if (!fencing) {
+          const { Fencing } = await import("./fencing.ts");
+          fencing = new Fencing({
+            root: o.root,
+            device: s.device,
+            nodeName: o.nodeName,
+            log: o.log,
+            kube: o.kube,
+            metrics: o.metrics ?? new Registry(),
+            peerTls: () => peerTlsOf(o.kube()),
+            peerPort: s.peerPort,
+            listenPort: s.listenPort,
+            peerAddress: s.peerAddress,
+            timings: s.timings,
+            fenceWithoutPeers: s.fenceWithoutPeers,
+          });
+        }
+        await fencing.configure(cfg);
+      })
+      .catch((err) => o.log.error({ err: (err as Error).message }, "fencing: configure failed"));
+  };
+  const follower = followAppliedFencingConfig(o.root, apply, (err) =>
+    o.log.warn({ err: err.message }, "fencing: cannot read the applied bundle"),
   );
   return {
-    fencing,
+    current: () => fencing,
     refresh: () => follower.refresh(),
     async stop() {
       follower.close();
-      await fencing.stop();
+      await chain;
+      await fencing?.stop();
     },
   };
 }
