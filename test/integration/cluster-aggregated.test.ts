@@ -11,6 +11,7 @@ import { KubeStatusError } from "../../lib/kube/errors.ts";
 import { createSecret, getSecret, list } from "../../lib/kube/api.ts";
 import { ensureGroupToken, TOKEN_TTL_MS } from "../../cluster/bootstrap-secrets.ts";
 import { writeChecksums } from "../../cluster/checksums.ts";
+import { until } from "../lib/until.ts";
 
 // Service routing (not endpoint routing): the aggregator then resolves an ExternalName Service
 // to its name, which is how it reaches a server on loopback (Endpoints refuse loopback IPs).
@@ -20,16 +21,6 @@ t.teardown(() => app.stop());
 
 const API = "/apis/bashible.deckhouse.io/v1alpha1";
 const NS = "d8-cloud-instance-manager";
-
-async function until<T>(what: string, fn: () => Promise<T | undefined>, timeoutMs = 15_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await fn().catch(() => undefined);
-    if (v !== undefined && v !== false) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
 
 const served = () => app.store.get("nodegroupbundles", "worker")!.object.checksum as string;
 const secretChecksum = async (group: string) => {

@@ -17,6 +17,7 @@ import { prepareBundleServer, registerAPIService } from "../fixtures/bundle-serv
 import { freePort } from "../lib/control-plane.ts";
 import { annotate, createNode, createPod, startKubeletSim } from "../lib/sim-nodes.ts";
 import { pino } from "pino";
+import { until } from "../lib/until.ts";
 
 const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
 const NS = "d8-cloud-instance-manager";
@@ -28,15 +29,6 @@ const cp = await withControlPlane(t, {
 });
 const inputs = await prepareBundleServer(cp);
 
-async function until<T>(what: string, fn: () => Promise<T | undefined | false>, timeoutMs = 30_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await fn().catch(() => undefined);
-    if (v !== undefined && v !== false) return v as T;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
 const get = <T = KubeObject>(p: string) => cp.admin.request<T>("GET", p);
 
 t.test("kubectl applies the CRDs and cluster/deploy as they are", async (t) => {

@@ -17,6 +17,7 @@ import { MAIN } from "../fixtures/cli.ts";
 import { withControlPlane } from "../fixtures/control-plane.ts";
 import { prepareBundleServer, registerAPIService } from "../fixtures/bundle-server.ts";
 import { freePort } from "../lib/control-plane.ts";
+import { until } from "../lib/until.ts";
 
 const API = "/apis/bashible.deckhouse.io/v1alpha1";
 const NS = "d8-cloud-instance-manager";
@@ -50,16 +51,6 @@ async function startServer(): Promise<ChildProcess> {
   child.once("exit", () => procs.delete(child.pid!));
   t.teardown(() => void child.kill("SIGKILL"));
   return child;
-}
-
-async function until<T>(what: string, fn: () => Promise<T | undefined | false>, timeoutMs = 30_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await fn().catch(() => undefined);
-    if (v !== undefined && v !== false) return v as T;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
 }
 
 const secretChecksum = async () => {

@@ -18,27 +18,13 @@ import type { NodeGroupBundle } from "../../bundles/types.ts";
 import { BOOTSTRAP_TOKEN_GROUP_LABEL, pruneExpiredTokens } from "../../cluster/bootstrap-secrets.ts";
 import { KubeSource } from "../../cluster/sources/kube.ts";
 import { SECRETS } from "../../bundles/names.ts";
+import { until } from "../lib/until.ts";
 
 const cp = await withControlPlane(t);
 await installCrds(cp.admin);
 const NS = "d8-cloud-instance-manager";
 const NGC = "/apis/deckhouse.io/v1alpha1/nodegroupconfigurations";
 const log = pino({ level: "silent" });
-
-async function until<T>(what: string, fn: () => Promise<T | undefined | false>, timeoutMs = 20_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  let last: unknown;
-  for (;;) {
-    try {
-      const v = await fn();
-      if (v !== undefined && v !== false) return v;
-    } catch (err) {
-      last = err;
-    }
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}${last ? `: ${last}` : ""}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
 
 const apply = (path: string, body: object) => cp.admin.request("POST", path, { body });
 const put = async (name: string, spec: object) => {

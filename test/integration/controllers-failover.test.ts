@@ -24,6 +24,7 @@ import {
   POD_AUDIT_POLICY,
   startKubeletSim,
 } from "../lib/sim-nodes.ts";
+import { until } from "../lib/until.ts";
 
 const K = NODE_KEYS;
 const NS = "d8-cloud-instance-manager";
@@ -44,16 +45,6 @@ await cp.kubectl(["create", "namespace", NS]);
 await cp.kubectl(["create", "namespace", "apps"]);
 const kubelet = startKubeletSim(admin, log);
 t.teardown(() => kubelet.stop());
-
-async function until<T>(what: string, fn: () => Promise<T | undefined | false>, timeoutMs = 30_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await fn().catch(() => undefined);
-    if (v !== undefined && v !== false) return v as T;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
 
 const procs = new Map<number, ChildProcess>();
 async function startController(n: number): Promise<ChildProcess> {

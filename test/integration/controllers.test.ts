@@ -26,6 +26,7 @@ import {
 } from "../lib/sim-nodes.ts";
 import { mkdtemp, rm } from "node:fs/promises";
 import os from "node:os";
+import { until } from "../lib/until.ts";
 
 const K = NODE_KEYS;
 const NS = "d8-cloud-instance-manager";
@@ -62,16 +63,6 @@ controller.start();
 t.teardown(() => controller.stop());
 const kubelet = startKubeletSim(admin, log);
 t.teardown(() => kubelet.stop());
-
-async function until<T>(what: string, fn: () => Promise<T | undefined | false>, timeoutMs = 30_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await fn().catch(() => undefined);
-    if (v !== undefined && v !== false) return v as T;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
 
 const checksums = new Map<string, string>();
 async function setGroupChecksum(group: string): Promise<string> {
