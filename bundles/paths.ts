@@ -28,7 +28,12 @@ export const PATHS = {
   corrupt: `${STATE_DIR}/corrupt`,
   /** Under a sandbox root, what would have reached the real machine (restarts, reboots). */
   sandboxActions: `${STATE_DIR}/sandbox-actions.log`,
-  lock: "/var/lock/bashible",
+  /**
+   * The converge lock ("<pid> <start time>"). Deckhouse uses /var/lock/bashible, but /var/lock is
+   * /run/lock, which every user can write: anyone could take the lock first and stop every
+   * converge. /run/bashible is root's alone.
+   */
+  lock: "/run/bashible/converge.lock",
   /** The daemon's pid and schedule, for `bashible status` (tmpfs on a node). */
   daemon: "/run/bashible/daemon.json",
   /** Fencing's state for `bashible fencing status` (tmpfs: a reboot forgets a fence in progress). */
@@ -64,8 +69,12 @@ export const PATHS = {
   tmpDir: "/opt/deckhouse/tmp",
   /** Installed registry packages: <pkg>/{digest,install,uninstall}. */
   packageStore: "/var/cache/registrypackages",
-  /** Downloads in flight and verified archives awaiting install. */
-  packageDownloads: "/opt/deckhouse/tmp/registrypackages",
+  /**
+   * Downloads in flight and verified archives awaiting install. Not under Deckhouse's TMPDIR
+   * (/opt/deckhouse/tmp is 1777 for scripts): tar and the package's install script run on
+   * these paths as root, so nobody else may be able to write anywhere along them.
+   */
+  packageDownloads: `${STATE_DIR}/registrypackages`,
 } as const;
 
 /** The local API proxy's listen address: what the kubelet's kubeconfigs name. */

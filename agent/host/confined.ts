@@ -77,6 +77,18 @@ export class NotDirectoryError extends Error {
   }
 }
 
+export class UntrustedDirectoryError extends Error {
+  override name = "UntrustedDirectoryError";
+  readonly permanent = true;
+  readonly nodePath: string;
+  constructor(nodePath: string, st: Stats) {
+    super(
+      `${nodePath} can be written by others (owner uid ${st.uid}, mode ${(st.mode & 0o7777).toString(8).padStart(4, "0")}); refused: a program the agent runs as root is only handed paths that root alone controls`,
+    );
+    this.nodePath = nodePath;
+  }
+}
+
 export class TooLargeError extends Error {
   override name = "TooLargeError";
   readonly permanent = true;
@@ -121,6 +133,9 @@ function kindOf(s: Stats): string {
   return "not a regular file";
 }
 
+const EUID = process.geteuid?.() ?? 0;
+const isTrusted = (s: Stats) => (s.uid === 0 || s.uid === EUID) && (s.mode & 0o022) === 0;
+
 const code = (err: unknown) => (err as NodeJS.ErrnoException).code;
 
 /** Splits an absolute node path into components; refuses `..` (node paths name things, they do not climb). */
@@ -144,9 +159,9 @@ export class Dir {
   at(name: string): string {
     return `/proc/self/fd/${this.fh.fd}/${name}`;
   }
-  /** Only root can create or replace entries here. */
+  /** Only root (or the agent's own user, in a sandbox run unprivileged) can create or replace entries here. */
   get trusted(): boolean {
-    return this.stat.uid === 0 && (this.stat.mode & 0o022) === 0;
+    return isTrusted(this.stat);
   }
   close(): Promise<void> {
     return this.fh.close();
@@ -158,6 +173,12 @@ export interface OpenDirOptions {
   create?: boolean;
   /** Mode and owner for the final directory when it is created. */
   last?: Ownership;
+  /**
+   * Refuse (UntrustedDirectoryError) any directory on the way, the root included, that someone
+   * other than root can write: a path string handed to a program is resolved again by it, so
+   * nobody else may be able to swap anything along it.
+   */
+  trustedOnly?: boolean;
 }
 
 export class ConfinedFs {
@@ -182,6 +203,7 @@ export class ConfinedFs {
     let cur = await this.openRoot();
     let hops = 0;
     try {
+      if (o.trustedOnly && !cur.trusted) throw new UntrustedDirectoryError("/", cur.stat);
       while (queue.length > 0) {
         const name = queue.shift() as string;
         const here = path.posix.join(cur.nodePath, name);
@@ -227,6 +249,7 @@ export class ConfinedFs {
         const st = await fh.stat();
         await cur.close();
         cur = new Dir(fh, here, st);
+        if (o.trustedOnly && !cur.trusted) throw new UntrustedDirectoryError(here, st);
       }
       return cur;
     } catch (err) {
@@ -453,18 +476,20 @@ export class ConfinedFs {
 
   /**
    * The real path of nodePath for programs the agent runs (tar -C, useradd --prefix), after
-   * checking no component is a link. Only for places root alone can write.
+   * checking no component is a link and no directory on the way can be written by anyone but
+   * root: the program resolves the string again later, so only places root alone controls.
    */
   async realPath(nodePath: string): Promise<string> {
     const parts = components(nodePath);
     const last = parts.pop();
     if (last === undefined) return this.root;
-    const dir = await this.openDir(`/${parts.join("/")}`);
+    const dir = await this.openDir(`/${parts.join("/")}`, { trustedOnly: true });
     // A missing parent: nothing to be redirected through yet; the program creates it.
     if (!dir) return path.join(this.root, ...parts, last);
     try {
       const st = await lstatPath(dir.at(last)).catch(() => undefined);
       if (st?.isSymbolicLink()) throw new LinkRefusedError(nodePath, await readlink(dir.at(last)));
+      if (st?.isDirectory() && !isTrusted(st)) throw new UntrustedDirectoryError(nodePath, st);
       // dir.nodePath is where the walk really ended (system links resolved inside the root).
       return path.join(this.root, dir.nodePath, last);
     } finally {

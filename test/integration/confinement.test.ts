@@ -4,7 +4,9 @@
 // byte-for-byte unchanged, and that no secret reached stdout, logs or the plan. Needs root
 // (NodeUsers own their homes; the agent chowns).
 import t, { type Test } from "tap";
-import { chown, lstat, mkdir, mkdtemp, readFile, rename, rm, stat, symlink, writeFile } from "node:fs/promises";
+import { chmod, chown, lstat, mkdir, mkdtemp, readFile, rename, rm, stat, symlink, writeFile } from "node:fs/promises";
+import { execFile } from "node:child_process";
+import { promisify } from "node:util";
 import os from "node:os";
 import path from "node:path";
 import { bashible } from "../fixtures/cli.ts";
@@ -18,6 +20,8 @@ import { planFile } from "../../agent/host/file-plan.ts";
 import { requireRoot } from "../fixtures/root.ts";
 
 await requireRoot("homes owned by NodeUsers, chown");
+
+const execFileP = promisify(execFile);
 
 const SECRET = "root:$6$SHADOW-SECRET-HASH$doNotShowThisAnywhere:19000:0:99999:7:::";
 const KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIMallory mallory@laptop";
@@ -187,16 +191,45 @@ t.test("a link swapped in between plan and apply is refused at the write", async
 
 t.test("links real systems ship are followed inside the root, as a chroot would", async (t) => {
   const root = await nodeRoot(t);
-  // Debian: /var/lock → /run/lock (absolute). The converge lock must land in ROOT/run/lock.
-  await mkdir(path.join(root, "run/lock"), { recursive: true });
+  // Debian: /var/run → /run (absolute). The converge lock (/run/bashible) is reached through it.
+  await mkdir(path.join(root, "run"), { recursive: true });
   await mkdir(path.join(root, "var"), { recursive: true });
-  await symlink("/run/lock", path.join(root, "var/lock"));
+  await symlink("/run", path.join(root, "var/run"));
   const r = await once(root, [{ name: "004_add_deckhouse_paths", kind: "DeckhousePath", spec: {} }]);
   t.equal(r.once.status, 0, r.all);
   const host = new Host(root, await osProfile(root));
-  t.equal(await host.fs.realPath("/var/lock/bashible"), path.join(root, "run/lock/bashible"));
+  t.equal(await host.fs.realPath("/var/run/bashible/x"), path.join(root, "run/bashible/x"));
   // The same name planted by someone else in a directory they can write is refused.
   await mkdir(path.join(root, "tmp"), { mode: 0o1777 });
   await symlink("/etc", path.join(root, "tmp/lock"));
   await t.rejects(host.readText("/tmp/lock/passwd"), /symbolic link/);
+  // And a path in a directory anyone can write is never handed to a program as a string.
+  await chmod(path.join(root, "tmp"), 0o1777);
+  await t.rejects(host.fs.realPath("/tmp/x"), /\/tmp can be written by others \(owner uid 0, mode 1777\)/);
+});
+
+t.test("a lock planted by any user where Deckhouse keeps it does not stop converges", async (t) => {
+  const root = await nodeRoot(t);
+  // Debian: /var/lock → /run/lock, mode 1777. An unprivileged user plants "the holder is pid 1"
+  // (alive forever) and, in a second round, a FIFO that would block a reader.
+  await mkdir(path.join(root, "run/lock"), { recursive: true });
+  await chmod(path.join(root, "run/lock"), 0o1777);
+  await mkdir(path.join(root, "var"), { recursive: true });
+  await symlink("/run/lock", path.join(root, "var/lock"));
+  const pid1Start = (await readFile("/proc/1/stat", "utf8")).split(") ")[1]?.split(" ")[19];
+  await writeFile(path.join(root, "run/lock/bashible"), `1 ${pid1Start}\n`);
+  await chown(path.join(root, "run/lock/bashible"), 65534, 65534);
+  const step: BundleStep = { name: "004_add_deckhouse_paths", kind: "DeckhousePath", spec: {} };
+  t.equal((await once(root, [step])).once.status, 0, "converged despite the planted lock");
+  await rm(path.join(root, "run/lock/bashible"));
+  await execFileP("mkfifo", [path.join(root, "run/lock/bashible")]);
+  await rm(path.join(root, "var/lib/bashible/configuration_checksum"));
+  t.equal((await once(root, [step])).once.status, 0, "converged despite a FIFO");
+  // The real lock's directory is root's alone; if someone made it writable, converges stop
+  // with an error that says so instead of trusting it.
+  await chmod(path.join(root, "run/bashible"), 0o777);
+  await rm(path.join(root, "var/lib/bashible/configuration_checksum"));
+  const r = await once(root, [step]);
+  t.equal(r.once.status, 1);
+  t.match(r.all, /\/run\/bashible can be written by others/);
 });

@@ -52,7 +52,7 @@ async function endState(root: string): Promise<string[]> {
   const skip = (rel: string) =>
     rel.startsWith("var/log/") ||
     rel === "var/lib/bashible/status.json" ||
-    rel.startsWith("var/lock") ||
+    rel.startsWith("run/bashible") ||
     rel.startsWith("var/lib/bashible/bundles/") ||
     // The agent as scripts call it: it names its root, which differs between the two trees.
     rel === "var/lib/bashible/bin/bashible";

@@ -161,14 +161,16 @@ t.test("one converge at a time; a stale lock from a killed run is taken over", a
   const b = makeBundle([script("050_slow", `sleep 2; touch "$BASHIBLE_ROOT/slow-done"`)]);
   const file = await writeBundle(root, b, "../b-" + path.basename(root) + ".json");
   const first = bashible(["once", "--root", root, "--bundle", file]);
-  await waitFor("the lock", () => readFile(path.join(root, "var/lock/bashible"), "utf8").catch(() => undefined));
+  await waitFor("the lock", () =>
+    readFile(path.join(root, "run/bashible/converge.lock"), "utf8").catch(() => undefined),
+  );
   const second = await bashible(["once", "--root", root, "--bundle", file]);
   t.equal(second.status, 1);
   t.match(second.stdout + second.stderr, /another converge holds/);
   t.equal((await first).status, 0);
 
-  await mkdir(path.join(root, "var/lock"), { recursive: true });
-  await writeFile(path.join(root, "var/lock/bashible"), "999999 1\n");
+  await mkdir(path.join(root, "run/bashible"), { recursive: true });
+  await writeFile(path.join(root, "run/bashible/converge.lock"), "999999 1\n");
   await rm(path.join(root, "var/lib/bashible/configuration_checksum"));
   t.equal((await bashible(["once", "--root", root, "--bundle", file])).status, 0, "stale lock ignored");
 });

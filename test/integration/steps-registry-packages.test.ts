@@ -4,7 +4,7 @@
 // tampered, truncated and lying downloads (manifest and layer) while the installed version stays.
 import t, { type Test } from "tap";
 import { execFile } from "node:child_process";
-import { mkdir, open, readdir, readFile, writeFile } from "node:fs/promises";
+import { chmod, chown, mkdir, open, readdir, readFile, writeFile } from "node:fs/promises";
 import https from "node:https";
 import type { AddressInfo } from "node:net";
 import path from "node:path";
@@ -341,4 +341,34 @@ t.test("a failing install script fails the step and leaves the recorded version"
     await readFile(path.join(env.root, "var/log/d8/bashible/step.007_fetch_registry_packages.log"), "utf8"),
     /disk full/,
   );
+});
+
+t.test("downloads never pass through a directory another user can write (as an attacker would try)", async (t) => {
+  const env = await stepEnv(t);
+  const NOBODY = 65534;
+  // Scripts make Deckhouse's TMPDIR 1777; the attacker pre-creates the directory packages were
+  // once downloaded into, to swap the archive between its check and tar.
+  const tmp = path.join(env.root, "opt/deckhouse/tmp");
+  await mkdir(tmp, { recursive: true, mode: 0o1777 });
+  await chmod(tmp, 0o1777);
+  const trap = path.join(tmp, "registrypackages");
+  await mkdir(trap, { mode: 0o777 });
+  await chown(trap, NOBODY, NOBODY);
+  const v1 = await pkg("guarded", "1");
+  const { status } = await converge(env, [v1]);
+  t.notOk(status.error, "installed");
+  t.equal(await run(env, "guarded"), "1");
+  t.same(await readdir(trap), [], "nothing was downloaded where the attacker can write");
+  t.ok(DOWNLOADS.startsWith("/var/lib/bashible/"), "downloads live in the agent's root-only state");
+
+  // Should the download directory itself end up writable by someone else, nothing is handed to
+  // tar or an install script there: the step fails, naming the directory.
+  const downloads = path.join(env.root, DOWNLOADS);
+  await mkdir(downloads, { recursive: true });
+  await chmod(downloads, 0o777);
+  await chown(downloads, NOBODY, NOBODY);
+  const v2 = await pkg("guarded", "2");
+  const second = await converge(env, [v2]);
+  t.match(second.status.error, /registrypackages can be written by others \(owner uid 65534, mode 0777\); refused/);
+  t.equal(await run(env, "guarded"), "1", "the installed version stays");
 });

@@ -1,11 +1,17 @@
 // The host layer's confinement, directly: what is followed, what is refused, and that a refused
 // operation changes nothing. Runs as any user (no chown needed).
 import t, { type Test } from "tap";
-import { link, mkdir, mkdtemp, readdir, readFile, rm, stat, symlink, writeFile } from "node:fs/promises";
+import { chmod, link, mkdir, mkdtemp, readdir, readFile, rm, stat, symlink, writeFile } from "node:fs/promises";
 import { execFileSync } from "node:child_process";
 import os from "node:os";
 import path from "node:path";
-import { ConfinedFs, components, LinkRefusedError, NotRegularFileError } from "../../agent/host/confined.ts";
+import {
+  ConfinedFs,
+  components,
+  LinkRefusedError,
+  NotRegularFileError,
+  UntrustedDirectoryError,
+} from "../../agent/host/confined.ts";
 import { Host } from "../../agent/host/host.ts";
 
 async function tree(t: Test) {
@@ -70,6 +76,24 @@ t.test("links a system ships are resolved inside the root, never against the hos
   await rm(path.join(root, "var/lock"));
   await symlink("../../../../../../run/lock", path.join(root, "var/lock"));
   t.equal(await fs.realPath("/var/lock/y"), path.join(root, "run/lock/y"));
+});
+
+t.test("a path handed to a program never runs through a directory others can write", async (t) => {
+  const { root, fs } = await tree(t);
+  await mkdir(path.join(root, "opt/deckhouse/tmp/pkg"), { recursive: true });
+  t.equal(await fs.realPath("/opt/deckhouse/tmp/pkg/a.tgz"), path.join(root, "opt/deckhouse/tmp/pkg/a.tgz"));
+  // Deckhouse's TMPDIR is 1777: anyone may create entries there, so anything below it could be
+  // swapped between the agent's check and the program's own lookup of the string.
+  await chmod(path.join(root, "opt/deckhouse/tmp"), 0o1777);
+  await t.rejects(fs.realPath("/opt/deckhouse/tmp/pkg/a.tgz"), UntrustedDirectoryError);
+  await t.rejects(fs.realPath("/opt/deckhouse/tmp/missing/a.tgz"), /\/opt\/deckhouse\/tmp can be written by others/);
+  await t.rejects(fs.realPath("/opt/deckhouse/tmp"), /mode 1777/, "the final directory too");
+  // Group-writable counts as others.
+  await chmod(path.join(root, "opt/deckhouse/tmp"), 0o775);
+  await t.rejects(fs.realPath("/opt/deckhouse/tmp/pkg"), UntrustedDirectoryError);
+  // Confined reads and writes still work there: they never hand out the string.
+  await fs.writeAtomic("/opt/deckhouse/tmp/pkg/ok", [Buffer.from("x")], { mode: 0o644 });
+  t.equal((await fs.readFile("/opt/deckhouse/tmp/pkg/ok"))?.toString(), "x");
 });
 
 t.test("FIFOs, devices and directories are never read into a plan", async (t) => {

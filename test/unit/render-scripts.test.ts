@@ -87,3 +87,18 @@ t.test("phase 2 reads the agent package from the served bashibles JSON without j
   const data = rendered.bashible.data as Record<string, string>;
   t.same(stdout.trim().split("\n"), [data["agent.package"], data["agent.digest"], data["agent.repository"]]);
 });
+
+t.test("no curl command line carries a token (argv is readable by every user in ps)", async (t) => {
+  const proxyToken = inputs.context.packagesProxy.token;
+  for (const [name, text] of Object.entries(scripts)) {
+    // One logical line per command: backslash continuations joined.
+    const commands = text.replace(/\\\n\s*/g, " ").split("\n");
+    const curls = commands.filter((l) => /\bcurl\b/.test(l) && !l.trim().startsWith("#"));
+    if (name !== "cleanup_static_node.sh") t.ok(curls.length > 0, `${name} runs curl`);
+    for (const c of curls) {
+      t.notMatch(c, /Bearer|abcdef\.0123456789abcdef|\$TOKEN/, `${name}: ${c.trim().slice(0, 60)}…`);
+      if (proxyToken) t.notOk(c.includes(proxyToken), `${name}: the proxy token is not on the command line`);
+      if (/Authori[sz]ation|-H @/.test(c)) t.match(c, /-H @"\$(STATE|tmp)\/[a-z-]+"/, "the header comes from a file");
+    }
+  }
+});
