@@ -3,31 +3,30 @@
 //     client certificates auto-approved through kubeadm's RBAC), kube-apiserver listening on
 //     0.0.0.0 so a node in its own network namespace reaches it over its veth;
 //   - the CRDs, the server's RBAC from cluster/deploy, the context Secret;
-//   - `bashible server` (in this process) registered as the aggregated API, writers and
-//     controllers on;
+//   - `bashible server` (the built agent, its own process, as a cluster runs it) registered as
+//     the aggregated API: writers, update controllers and the fencing controller on;
 //   - a real OCI registry (docker-registry, loopback only) holding the registry packages
 //     `npm run package` built, behind the registry-packages proxy (listening on 0.0.0.0, its
 //     certificate issued by the cluster CA, as nodes verify it with the bundle's CA);
-//   - NodeGroup `worker` (Static), a NodeUser, one NodeGroupConfiguration (the bridge CNI).
+//   - NodeGroup `worker` (Static, fencing Watchdog), a NodeUser, one NodeGroupConfiguration (the
+//     bridge CNI).
 // Nodes reach the API server and the proxy as CONTROL_PLANE_HOST (both certificates carry the
 // name; a node maps it to its veth's host address in /etc/hosts) and nothing else: etcd, the
 // registry, the bundle server and kube-controller-manager listen on loopback.
+import { type ChildProcess, spawn } from "node:child_process";
 import { generateKeyPairSync, randomUUID } from "node:crypto";
-import { mkdir, readFile, writeFile } from "node:fs/promises";
+import { mkdir, open, readFile } from "node:fs/promises";
 import path from "node:path";
 import { pino } from "pino";
-import { type App, startBundleServer } from "../../../cluster/app.ts";
 import { installCrds } from "../../../cluster/crds/install.ts";
 import { startPackagesProxy, type PackagesProxy } from "../../../cluster/packages-proxy/server.ts";
 import { CONTEXT_KEY, CONTEXT_SECRET } from "../../../cluster/sources/kube.ts";
 import { NAMESPACE, SECRETS } from "../../../bundles/names.ts";
-import { KubeClient } from "../../../lib/kube/client.ts";
-import { loadKubeconfig } from "../../../lib/kube/kubeconfig.ts";
 import { getSecret } from "../../../lib/kube/api.ts";
 import type { BuiltPackage } from "../../../scripts/package.ts";
 import { registerAPIService } from "../../fixtures/bundle-server.ts";
 import { startRegistry, type Registry } from "../../fixtures/registry.ts";
-import { type ControlPlane, startControlPlane } from "../../lib/control-plane.ts";
+import { type ControlPlane, freePort, startControlPlane } from "../../lib/control-plane.ts";
 import { createCA, issueCert } from "../../lib/pki.ts";
 import { PAUSE_IMAGE } from "./images.ts";
 
@@ -50,7 +49,8 @@ export function sshPublicKey(comment: string): string {
 
 export interface E2eCluster {
   cp: ControlPlane;
-  app: App;
+  /** The `bashible server` process. */
+  server: ChildProcess;
   registry: Registry;
   proxy: PackagesProxy;
   /** host:port as nodes dial them. */
@@ -77,6 +77,7 @@ export function nodeGroup(kubelet: Record<string, unknown> = {}): unknown {
       nodeType: "Static",
       disruptions: { approvalMode: "Automatic" },
       kubelet: { maxPods: 50, ...kubelet },
+      fencing: { mode: "Watchdog" },
       nodeTemplate: { labels: { "e2e.bashible.test/role": "worker" } },
     },
   };
@@ -136,6 +137,8 @@ mv -f /etc/cni/net.d/.10-bridge.conflist.new /etc/cni/net.d/10-bridge.conflist
 
 export async function startE2eCluster(o: {
   dir: string;
+  /** The agent build (`dist/`) whose `bashible server` runs the cluster side. */
+  dist: string;
   packages: BuiltPackage[];
   log?: (line: string) => void;
 }): Promise<E2eCluster> {
@@ -192,7 +195,7 @@ export async function startE2eCluster(o: {
     await installCrds(cp.admin);
     await apply({ apiVersion: "v1", kind: "Namespace", metadata: { name: NAMESPACE } });
     const deploy = path.resolve(import.meta.dirname, "../../../cluster/deploy");
-    for (const f of ["rbac.yaml", "node-group-label-policy.yaml"]) {
+    for (const f of ["rbac.yaml", "fencing-rbac.yaml", "node-group-label-policy.yaml"]) {
       await cp.kubectl(["apply", "-f", path.join(deploy, f)]);
     }
     const agentVersion = o.packages.find((p) => p.name === "bashible")?.version;
@@ -218,7 +221,7 @@ export async function startE2eCluster(o: {
     await apply(nodeUser([userKey]));
     await apply(CNI_CONFIGURATION);
 
-    say("bashible server: aggregated API, writers and controllers");
+    say("bashible server: aggregated API, writers, update and fencing controllers");
     const serverPki = path.join(o.dir, "bundle-server");
     await mkdir(serverPki, { recursive: true });
     const serverCA = await createCA(serverPki, "ca", "bashible-server-ca");
@@ -227,30 +230,47 @@ export async function startE2eCluster(o: {
       dnsNames: [`bashible-api.${NAMESPACE}.svc`, "localhost"],
       ips: ["127.0.0.1"],
     });
-    const serverLog = path.join(o.dir, "bundle-server.log");
-    await writeFile(serverLog, "");
-    const kube = new KubeClient(await loadKubeconfig(cp.adminKubeconfig), {
-      userAgent: "bashible-server",
-      maxSockets: 32,
-    });
-    const app = await startBundleServer({
-      log: pino({ level: "info" }, pino.destination({ dest: serverLog, sync: true })),
-      kube,
-      tls: { cert: await readFile(serving.cert), key: await readFile(serving.key) },
-      requestHeader: { caPems: [await readFile(cp.frontProxyCA.cert)], allowedNames: ["front-proxy-client"] },
-      host: "127.0.0.1",
-      port: 0,
-      controllers: {},
-    });
+    const serverLog = path.join(o.dir, "bashible-server.log");
+    const serverPort = await freePort();
+    const logFd = await open(serverLog, "a");
+    const server = spawn(
+      path.join(o.dist, "bashible"),
+      [
+        "server",
+        "--kubeconfig",
+        cp.adminKubeconfig,
+        "--address",
+        "127.0.0.1",
+        "--port",
+        String(serverPort),
+        "--tls-cert-file",
+        serving.cert,
+        "--tls-private-key-file",
+        serving.key,
+        "--log-format",
+        "json",
+      ],
+      { stdio: ["ignore", logFd.fd, logFd.fd] },
+    );
+    await logFd.close();
+    const exited = new Promise<void>((r) => server.once("exit", () => r()));
     stops.push(async () => {
-      await app.stop();
-      kube.close();
+      if (server.exitCode !== null || server.signalCode !== null) return;
+      server.kill("SIGTERM");
+      const t = setTimeout(() => server.kill("SIGKILL"), 10_000);
+      await exited;
+      clearTimeout(t);
     });
-    await registerAPIService(cp, app.port, await readFile(serverCA.cert, "utf8"));
+    await registerAPIService(cp, serverPort, await readFile(serverCA.cert, "utf8")).catch(async (err) => {
+      const log = (await readFile(serverLog, "utf8").catch(() => "")).slice(-3000);
+      const state =
+        server.exitCode !== null || server.signalCode ? `exited ${server.exitCode ?? server.signalCode}` : "running";
+      throw new Error(`${(err as Error).message.split("\n")[0]}\nbashible server (${state}) log:\n${log}`);
+    });
 
     const cluster: E2eCluster = {
       cp,
-      app,
+      server,
       registry,
       proxy,
       apiEndpoint,
