@@ -24,13 +24,13 @@ import { BOOTSTRAP_GROUP, BOOTSTRAP_GROUP_PREFIX } from "../../cluster/server/au
 import { manualBootstrapData } from "../../cluster/bootstrap-secrets.ts";
 import type { RenderInputs } from "../../cluster/render/inputs.ts";
 import { NODE_KEYS } from "../../bundles/names.ts";
-import { isNotFound } from "../../lib/kube/errors.ts";
 import { PATHS } from "../../bundles/paths.ts";
 import { FakeWatchdog } from "../fixtures/watchdog.ts";
 import type { NodeDiff, NspawnNode } from "../lib/nspawn-node.ts";
 import { GROUP, nodeGroup, nodeUser, NODE_USER, POD_SUBNET, sshPublicKey } from "./lib/cluster.ts";
 import { BUSYBOX_IMAGE } from "./lib/images.ts";
-import { runScript, type ScriptRun, startWorld, until, type World } from "./lib/world.ts";
+import { getNode as getNodeOf, joinMachine, runScript, type ScriptRun, startWorld, type World } from "./lib/world.ts";
+import { until } from "../lib/until.ts";
 
 const missing = [
   "/usr/bin/systemd-nspawn",
@@ -46,12 +46,6 @@ const skip =
       : false;
 
 const CLEANUP_FLAG = "--yes-i-am-sane-and-i-understand-what-i-am-doing";
-
-interface KubeNode {
-  metadata: { name: string; labels?: Record<string, string>; annotations?: Record<string, string> };
-  spec?: { taints?: { key: string; effect: string }[]; unschedulable?: boolean };
-  status?: { conditions?: { type: string; status: string }[]; capacity?: Record<string, string> };
-}
 
 t.test(
   "a fresh Debian machine joins, changes apply, cleanup leaves no trace",
@@ -79,12 +73,7 @@ t.test(
       t.comment(`journal:\n${j.stdout.slice(-8000)}`);
     });
 
-    const getNode = () =>
-      cp.admin.request<KubeNode>("GET", `/api/v1/nodes/${name}`).catch((err: unknown) => {
-        if (isNotFound(err)) return undefined;
-        throw err;
-      });
-    const isReady = (n?: KubeNode) => n?.status?.conditions?.some((c) => c.type === "Ready" && c.status === "True");
+    const getNode = () => getNodeOf(cluster, name);
     const mainPid = async (unit: string) => (await sh(`systemctl show -p MainPID --value ${unit}`)).trim();
     const status = async () => JSON.parse(await sh(`cat ${PATHS.status}`));
     /** The FIFO at /dev/watchdog inside the machine (its /dev is new every boot). */
@@ -127,11 +116,12 @@ t.test(
     await t.test("join: bootstrap.sh from the Secret, run on the machine", async (t) => {
       const script = await cluster.bootstrapScript();
       t.match(script, /^#!\/bin\/bash/, "the Secret carries bootstrap.sh");
-      let readyAt = 0;
-      const run = await runScript(machine, "bootstrap.sh", script);
+      // The Node is watched from bootstrap.sh's start: the join time is start → Ready.
+      const { run, readyMs, node } = await joinMachine(cluster, machine, script);
       runs["bootstrap.sh"] = run;
       t.equal(run.exitCode, 0, "bootstrap.sh succeeds");
       join.bootstrapMs = run.endedAt - run.startedAt;
+      join.readyMs = readyMs;
       // Progress: every step as it ends, k of n, with the time so far.
       const progress = run.lines.filter((l) =>
         /step \d+ of \d+ \S+: \w+ in [\d.]+ s \([\d.]+ s elapsed\)/.test(l.text),
@@ -140,19 +130,13 @@ t.test(
       t.ok(n >= 10, `bootstrap printed progress for ${n} steps`);
       t.equal(progress.length, n, "one line per step");
       t.match(run.output, new RegExp(`bootstrap of node group ${GROUP} complete in \\d+ s`));
-
-      const node = await until("the Node to be Ready", 180_000, async () => {
-        const n = await getNode();
-        if (isReady(n)) readyAt = Date.now();
-        return isReady(n) && n;
-      });
-      join.readyMs = readyAt - run.startedAt;
+      t.ok(node, "the Node became Ready");
       t.comment(
-        `join: bootstrap.sh ${(join.bootstrapMs / 1000).toFixed(1)} s, Node Ready ${(join.readyMs / 1000).toFixed(1)} s after start`,
+        `join: bootstrap.sh ${(join.bootstrapMs / 1000).toFixed(1)} s, Node Ready ${(readyMs / 1000).toFixed(1)} s after its start`,
       );
-      t.equal(node.metadata.labels?.[NODE_KEYS.group], GROUP, "the Node carries the group label");
-      t.equal(node.metadata.labels?.[NODE_KEYS.nodeType], "Static", "and the node type");
-      t.equal(node.metadata.labels?.["e2e.bashible.test/role"], "worker", "and the NodeGroup's template labels");
+      t.equal(node?.metadata.labels?.[NODE_KEYS.group], GROUP, "the Node carries the group label");
+      t.equal(node?.metadata.labels?.[NODE_KEYS.nodeType], "Static", "and the node type");
+      t.equal(node?.metadata.labels?.["e2e.bashible.test/role"], "worker", "and the NodeGroup's template labels");
 
       const st = await status();
       t.equal(st.lastRun?.outcome, "applied", "the first converge applied the bundle");
@@ -194,15 +178,19 @@ t.test(
       t.ok(checksum, "the checksums Secret has the group");
       await until(
         "the checksum annotation",
-        60_000,
         async () => (await getNode())?.metadata.annotations?.[NODE_KEYS.checksum] === checksum,
+        60_000,
       );
       t.pass(`the Node's checksum annotation equals the Secret's ${checksum?.slice(0, 12)}`);
 
-      await until("the bashible-uninitialized taint to go", 60_000, async () => {
-        const n = await getNode();
-        return n && !n.spec?.taints?.some((x) => x.key === NODE_KEYS.uninitializedTaint);
-      });
+      await until(
+        "the bashible-uninitialized taint to go",
+        async () => {
+          const n = await getNode();
+          return n && !n.spec?.taints?.some((x) => x.key === NODE_KEYS.uninitializedTaint);
+        },
+        60_000,
+      );
       t.pass("the first run finished: the cluster removed the taint the kubelet registered with");
 
       const pw = (await sh(`getent passwd ${NODE_USER}`)).trim().split(":");
@@ -243,13 +231,17 @@ t.test(
             ],
           },
         });
-        const pod = await until("the pod to run", 120_000, async () => {
-          const p = await cp.admin.request<{ status: { phase: string; podIP?: string } }>(
-            "GET",
-            "/api/v1/namespaces/default/pods/hello",
-          );
-          return p.status.phase === "Running" && p;
-        });
+        const pod = await until(
+          "the pod to run",
+          async () => {
+            const p = await cp.admin.request<{ status: { phase: string; podIP?: string } }>(
+              "GET",
+              "/api/v1/namespaces/default/pods/hello",
+            );
+            return p.status.phase === "Running" && p;
+          },
+          120_000,
+        );
         t.equal(pod.status.phase, "Running");
         t.match(
           pod.status.podIP,
@@ -264,16 +256,18 @@ t.test(
 
     await t.test("early OOM and fencing run on the node", { skip: !joined && "no join" }, async (t) => {
       // The agent's service restarts once after the first converge: wait for its endpoint.
-      const eo = await until("the agent's early OOM endpoint", 60_000, async () =>
-        JSON.parse(await sh("curl -sS --max-time 5 http://127.0.0.1:9650/early-oom")),
+      const eo = await until(
+        "the agent's early OOM endpoint",
+        async () => JSON.parse(await sh("curl -sS --max-time 5 http://127.0.0.1:9650/early-oom")),
+        60_000,
       );
       t.equal(eo.enabled, true, "early OOM is on");
       t.equal(eo.dryRun, false, "and acts");
       t.equal(eo.psi, "available", "it reads memory pressure (PSI)");
       await until(
         "the fencing label",
-        60_000,
         async () => (await getNode())?.metadata.labels?.[NODE_KEYS.fencingEnabled] !== undefined,
+        60_000,
       );
       t.pass("the Node is labelled for fencing");
       await fifo.nextPets(2, 30_000);
@@ -299,14 +293,18 @@ t.test(
         await cluster.apply(nodeGroup({ maxPods: 60 }));
         await cluster.apply(nodeUser([cluster.userKey, secondKey]));
         // Two edits, so maybe two bundles: wait until the node has applied the one with both.
-        const newChecksum = await until("the node to apply both edits", 120_000, async () => {
-          const c = await cluster.groupChecksum();
-          if (!c || c === oldChecksum || (await getNode())?.metadata.annotations?.[NODE_KEYS.checksum] !== c)
-            return false;
-          const keys = await sh(`cat /home/deckhouse/${NODE_USER}/.ssh/authorized_keys`);
-          const config = await sh("cat /var/lib/kubelet/config.yaml");
-          return keys.includes(secondKey) && /^maxPods: 60$/m.test(config) && c;
-        });
+        const newChecksum = await until(
+          "the node to apply both edits",
+          async () => {
+            const c = await cluster.groupChecksum();
+            if (!c || c === oldChecksum || (await getNode())?.metadata.annotations?.[NODE_KEYS.checksum] !== c)
+              return false;
+            const keys = await sh(`cat /home/deckhouse/${NODE_USER}/.ssh/authorized_keys`);
+            const config = await sh("cat /var/lib/kubelet/config.yaml");
+            return keys.includes(secondKey) && /^maxPods: 60$/m.test(config) && c;
+          },
+          120_000,
+        );
         const st = await status();
         const appliedMs = Date.parse(st.lastRun.finishedAt) - editedAt;
         t.comment(`change: edit → applied on the node ${(appliedMs / 1000).toFixed(1)} s`);
@@ -326,8 +324,8 @@ t.test(
         for (const u of units.slice(1)) t.equal(after[u], before[u], `${u} did not`);
         await until(
           "the kubelet to report 60 pods",
-          60_000,
           async () => (await getNode())?.status?.capacity?.pods === "60",
+          60_000,
         );
         t.pass("the Node's capacity says 60 pods");
         const pod = await cp.admin.request<{
@@ -407,19 +405,16 @@ t.test(
 
     await t.test("bootstrap again: the machine rejoins", { skip: !joined && "no join" }, async (t) => {
       fifo = watchdog();
-      const run = await runScript(machine, "bootstrap.sh", await cluster.bootstrapScript());
+      const { run, readyMs, node } = await joinMachine(cluster, machine, await cluster.bootstrapScript());
       runs["bootstrap again"] = run;
       t.equal(run.exitCode, 0, "bootstrap.sh succeeds again");
-      const node = await until("the Node to be Ready again", 180_000, async () => {
-        const n = await getNode();
-        return isReady(n) && n;
-      });
-      t.equal(node.metadata.labels?.[NODE_KEYS.group], GROUP, "with its group");
+      t.ok(node, `the Node is Ready again (${(readyMs / 1000).toFixed(1)} s after bootstrap.sh started)`);
+      t.equal(node?.metadata.labels?.[NODE_KEYS.group], GROUP, "with its group");
       const checksum = await cluster.groupChecksum();
       await until(
         "the checksum annotation",
-        60_000,
         async () => (await getNode())?.metadata.annotations?.[NODE_KEYS.checksum] === checksum,
+        60_000,
       );
       t.pass("and the current checksum");
     });

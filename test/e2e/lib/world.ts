@@ -10,6 +10,7 @@ import { buildDist } from "../../../scripts/build.ts";
 import { type BuiltPackage, buildPackages } from "../../../scripts/package.ts";
 import { debianRoot, NODE_PACKAGES } from "../../lib/debian-root.ts";
 import { bootNode, type NodeOptions, type NspawnNode } from "../../lib/nspawn-node.ts";
+import { isNotFound } from "../../../lib/kube/errors.ts";
 import { CONTROL_PLANE_HOST, type E2eCluster, startE2eCluster } from "./cluster.ts";
 import { buildImages, type ImageArchive } from "./images.ts";
 
@@ -168,25 +169,57 @@ export async function runScript(
   return { exitCode, lines, startedAt, endedAt: Date.now(), output: lines.map((l) => l.text).join("\n") };
 }
 
-/** Polls `check` every `everyMs` until it returns a value (the event the caller waits for). */
-export async function until<T>(
-  what: string,
-  ms: number,
-  check: () => Promise<T | undefined | false>,
-  everyMs = 200,
-): Promise<T> {
-  const deadline = Date.now() + ms;
-  let lastError: unknown;
-  for (;;) {
-    try {
-      const v = await check();
-      if (v) return v;
-    } catch (err) {
-      lastError = err;
+export interface KubeNode {
+  metadata: { name: string; labels?: Record<string, string>; annotations?: Record<string, string> };
+  spec?: { taints?: { key: string; effect: string }[]; unschedulable?: boolean };
+  status?: { conditions?: { type: string; status: string }[]; capacity?: Record<string, string> };
+}
+
+/** The Node object, or undefined when there is none. */
+export function getNode(cluster: E2eCluster, name: string): Promise<KubeNode | undefined> {
+  return cluster.cp.admin.request<KubeNode>("GET", `/api/v1/nodes/${name}`).catch((err: unknown) => {
+    if (isNotFound(err)) return undefined;
+    throw err;
+  });
+}
+
+export const isReady = (n?: KubeNode): boolean =>
+  n?.status?.conditions?.some((c) => c.type === "Ready" && c.status === "True") === true;
+
+export interface Join {
+  run: ScriptRun;
+  /** ms from bootstrap.sh's start until the Node was seen Ready (polled every 200 ms); NaN if never. */
+  readyMs: number;
+  node: KubeNode | undefined;
+}
+
+/**
+ * Runs bootstrap.sh on the machine while watching its Node: the join time is bootstrap.sh's
+ * start → the Node seen Ready. Resolves once the script has ended and the Node is Ready (or
+ * the script failed, or the Node did not become Ready in time: then node is undefined).
+ */
+export async function joinMachine(
+  cluster: E2eCluster,
+  machine: NspawnNode,
+  script: string,
+  o: { readyTimeoutMs?: number; onLine?: (l: Line) => void } = {},
+): Promise<Join> {
+  let startedAt = Date.now();
+  let stop = false;
+  const ready = (async () => {
+    const deadline = Date.now() + (o.readyTimeoutMs ?? 300_000);
+    for (;;) {
+      const n = await getNode(cluster, machine.name).catch(() => undefined);
+      if (n && isReady(n)) return { node: n, at: Date.now() };
+      if (stop || Date.now() > deadline) return undefined;
+      await new Promise((r) => setTimeout(r, 200));
     }
-    if (Date.now() > deadline) {
-      throw new Error(`timed out after ${ms} ms waiting for ${what}${lastError ? ` (last error: ${lastError})` : ""}`);
-    }
-    await new Promise((r) => setTimeout(r, everyMs));
-  }
+  })();
+  const run = await runScript(machine, "bootstrap.sh", script, [], {
+    ...(o.onLine ? { onLine: o.onLine } : {}),
+  });
+  startedAt = run.startedAt;
+  if (run.exitCode !== 0) stop = true;
+  const seen = await ready;
+  return seen ? { run, readyMs: seen.at - startedAt, node: seen.node } : { run, readyMs: Number.NaN, node: undefined };
 }
