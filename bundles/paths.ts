@@ -124,6 +124,8 @@ export const CLEANUP_PATHS = [
   "/var/log/containers",
   "/var/log/containerd",
   "/var/log/d8",
+  // The kubelet makes its FlexVolume plugin directory at its first start.
+  "/usr/libexec/kubernetes",
   NODE_USERS.homeBase,
   ...ALL_PROFILE_DROP_INS,
   NODE_USERS.sudoersDropIn,

@@ -302,7 +302,7 @@ const run = (cmd: string, args: string[], opts: { cwd?: string; env?: NodeJS.Pro
   execFileSync(cmd, args, { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"], ...opts }).trim();
 
 /** A Debian package's files, unpacked (the .deb is downloaded once into the cache). */
-async function debian(pkg: string): Promise<{ root: string; version: string }> {
+export async function debian(pkg: string): Promise<{ root: string; version: string }> {
   const debs = path.join(CACHE_ROOT, "debs");
   await mkdir(debs, { recursive: true });
   const version = run("apt-cache", ["policy", pkg]).match(/Candidate:\s*(\S+)/)?.[1];

@@ -17,6 +17,7 @@
 // A change of containerd's major version is disruptive (running containers restart under a new
 // runtime and a migrated configuration): the run asks for disruption approval first.
 // NodeGroup cri.type NotManaged: the renderer leaves this step out, so nothing here is touched.
+import { readFile } from "node:fs/promises";
 import { asset } from "../lib/assets.ts";
 import { PATHS } from "../bundles/paths.ts";
 import { UNITS } from "../bundles/names.ts";
@@ -57,8 +58,31 @@ export async function installedVersion(host: Host): Promise<ContainerdVersion> {
 
 const q = (s: string) => JSON.stringify(s);
 
+const CAP_SYS_RESOURCE = 24n;
+
+/**
+ * Whether processes systemd starts may lower an OOM score (CAP_SYS_RESOURCE in PID 1's bounding
+ * set). Not so on machines that are themselves containers with a reduced set: there every pod
+ * sandbox (oom_score_adj -998) fails in runc ("can't get final child's PID from pipe"), unless
+ * containerd keeps scores at or above its own (`restrict_oom_score_adj`, as kind does rootless).
+ */
+export async function canLowerOomScores(): Promise<boolean> {
+  // The kernel's, like the kubelet step's machine facts: the same under a sandbox tree.
+  for (const file of ["/proc/1/status", "/proc/self/status"]) {
+    const text = await readFile(file, "utf8").catch(() => undefined);
+    const hex = text?.match(/^CapBnd:\s*([0-9a-f]+)$/m)?.[1];
+    if (hex) return ((BigInt(`0x${hex}`) >> CAP_SYS_RESOURCE) & 1n) === 1n;
+  }
+  return true;
+}
+
 /** Configuration version 2 (containerd 1.x) or 3 (2.x). */
-export function renderConfig(spec: ContainerdSpec, v: ContainerdVersion): string {
+export function renderConfig(
+  spec: ContainerdSpec,
+  v: ContainerdVersion,
+  machine: { canLowerOomScores: boolean } = { canLowerOomScores: true },
+): string {
+  const restrictOom = machine.canLowerOomScores ? [] : ["  restrict_oom_score_adj = true"];
   const v3 = v.major >= 2;
   const images = v3 ? `plugins."io.containerd.cri.v1.images"` : `plugins."io.containerd.grpc.v1.cri"`;
   const runtime = v3 ? `plugins."io.containerd.cri.v1.runtime"` : `plugins."io.containerd.grpc.v1.cri"`;
@@ -97,6 +121,7 @@ export function renderConfig(spec: ContainerdSpec, v: ContainerdVersion): string
       ...auths.map((l) => `  ${l}`),
       "",
       `[${runtime}]`,
+      ...restrictOom,
       `  [${runtime}.containerd]`,
       `    default_runtime_name = "runc"`,
       `    [${runtime}.containerd.runtimes.runc]`,
@@ -114,6 +139,7 @@ export function renderConfig(spec: ContainerdSpec, v: ContainerdVersion): string
       `[${images}]`,
       `  sandbox_image = ${q(spec.sandboxImage)}`,
       `  max_concurrent_downloads = ${spec.maxConcurrentDownloads}`,
+      ...restrictOom,
       `  [${runtime}.containerd]`,
       `    snapshotter = ${q(spec.snapshotter)}`,
       `    default_runtime_name = "runc"`,
@@ -269,7 +295,11 @@ const step: Step<"Containerd"> = {
       if (c) changes.push(c);
     }
     changes.push(...(await planRegistries(host, spec)));
-    const config = await planConfig(host, spec, renderConfig(spec, version));
+    const config = await planConfig(
+      host,
+      spec,
+      renderConfig(spec, version, { canLowerOomScores: await canLowerOomScores() }),
+    );
     if (config) {
       const before = await configuredMajor(host);
       if (before !== undefined && before !== version.major) {

@@ -134,6 +134,8 @@ export interface ApplyOptions {
   only?: (name: string) => boolean;
 }
 
+const secs = (ms: number) => (ms / 1000).toFixed(1);
+
 /** Applies the steps in order; stops at the first step that still fails after its retries. */
 export async function applySteps(
   host: Host,
@@ -237,6 +239,13 @@ export async function applySteps(
       }
     }
     status.durationMs = Date.now() - started;
+    // Progress for whoever watches a run (bootstrap prints it): k of n in the whole bundle.
+    const k = bundle.steps.indexOf(step) + 1;
+    const outcome = lastError ? "failed" : status.outcome;
+    log.info(
+      { progress: `${k}/${bundle.steps.length}`, outcome, durationMs: status.durationMs },
+      `step ${k} of ${bundle.steps.length} ${step.name}: ${outcome} in ${secs(status.durationMs)} s (${secs(performance.now())} s elapsed)`,
+    );
     if (lastError) {
       status.outcome = "failed";
       status.error = lastError;

@@ -143,9 +143,13 @@ export class Daemon {
       fieldSelector: `metadata.name=${this.o.nodeName}`,
       log: this.log,
       // Only what the daemon and the resident loops read: the Node's status stays out of memory.
-      trim: (n) => ({
-        metadata: { name: n.metadata.name, labels: n.metadata.labels, annotations: n.metadata.annotations },
-      }),
+      trim: (n) => {
+        const taints = (n.spec as { taints?: unknown[] } | undefined)?.taints;
+        return {
+          metadata: { name: n.metadata.name, labels: n.metadata.labels, annotations: n.metadata.annotations },
+          ...(taints ? { spec: { taints } } : {}),
+        };
+      },
       onEvent: () => this.onNode(nodeInformer.objects.get(this.o.nodeName)),
     });
     nodeInformer.run();
@@ -325,12 +329,26 @@ export class Daemon {
       return;
     }
     const kube = this.clients[0];
-    if (kube && this.node && applied && this.node.metadata.annotations?.[NODE_KEYS.checksum] !== applied) {
-      const { patchNode } = await import("../../lib/kube/api.ts");
-      await patchNode(kube, this.o.nodeName, { metadata: { annotations: { [NODE_KEYS.checksum]: applied } } }).catch(
-        (err) => this.log.warn(`could not re-assert the checksum annotation: ${(err as Error).message}`),
-      );
+    if (!kube || !this.node || !applied) return;
+    const metadata: { annotations?: Record<string, string>; labels?: Record<string, string> } = {};
+    if (this.node.metadata.annotations?.[NODE_KEYS.checksum] !== applied) {
+      metadata.annotations = { [NODE_KEYS.checksum]: applied };
     }
+    // A converged node still carrying the taint the kubelet registered with asks the cluster to
+    // remove it. The first run says so itself when it can, but a bootstrap's first run holds only
+    // the bootstrap token and ends before the kubelet has registered the Node.
+    const taints = (this.node.spec as { taints?: { key: string }[] } | undefined)?.taints ?? [];
+    if (
+      taints.some((t) => t.key === NODE_KEYS.uninitializedTaint) &&
+      this.node.metadata.labels?.[NODE_KEYS.firstRunFinished] === undefined
+    ) {
+      metadata.labels = { [NODE_KEYS.firstRunFinished]: "true" };
+    }
+    if (!metadata.annotations && !metadata.labels) return;
+    const { patchNode } = await import("../../lib/kube/api.ts");
+    await patchNode(kube, this.o.nodeName, { metadata }).catch((err) =>
+      this.log.warn(`could not re-assert the checksum annotation or the first run's label: ${(err as Error).message}`),
+    );
   }
 
   private trigger(reason: string): void {

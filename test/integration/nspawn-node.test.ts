@@ -131,6 +131,74 @@ if (!root) {
     t.match(hostView, new RegExp(`:memory:.*/bashible-nodes/${node.name}$`, "m"), "on the host: bashible-nodes/<name>");
   });
 
+  t.test(
+    "kubeletSysctls: the node's network sysctls are writable, the kernel-wide ones it writes stay in the node",
+    async (t) => {
+      const plain = await nodeForTest(t, { root: lower });
+      t.not(
+        (await plain.exec(["sh", "-c", "echo 1 >/proc/sys/net/ipv4/ip_forward"])).exitCode,
+        0,
+        "read-only without it",
+      );
+      const hostPanic = (await readFile("/proc/sys/kernel/panic", "utf8")).trim();
+      const node = await nodeForTest(t, { root: lower, kubeletSysctls: true });
+      await node.mustExec(["sh", "-c", "echo 1 >/proc/sys/net/ipv4/ip_forward"]);
+      t.equal(
+        (await node.mustExec(["cat", "/proc/sys/net/ipv4/ip_forward"])).stdout.trim(),
+        "1",
+        "net.* is the node's own",
+      );
+      t.equal(
+        (await node.mustExec(["cat", "/proc/sys/kernel/panic"])).stdout.trim(),
+        hostPanic,
+        "a stand-in starts with the host's value",
+      );
+      const other = hostPanic === "10" ? "11" : "10";
+      await node.mustExec(["sh", "-c", `echo ${other} >/proc/sys/kernel/panic`]);
+      t.equal(
+        (await node.mustExec(["cat", "/proc/sys/kernel/panic"])).stdout.trim(),
+        other,
+        "the node reads what it wrote",
+      );
+      t.equal(
+        (await readFile("/proc/sys/kernel/panic", "utf8")).trim(),
+        hostPanic,
+        "the host's kernel.panic is untouched",
+      );
+    },
+  );
+
+  t.test("copyRoot and restartOnReboot: a node on a disk of its own comes back after a reboot", async (t) => {
+    const node = await nodeForTest(t, { root: lower, copyRoot: true, restartOnReboot: true, kubeletSysctls: true });
+    t.notOk((await node.mustExec(["findmnt", "-n", "-o", "FSTYPE", "/"])).stdout.includes("overlay"), "not an overlay");
+    await node.writeFile("/etc/probe.conf", "kept\n");
+    await node.writeFile("/run/probe", "gone after a reboot\n");
+    await node.mustExec(["useradd", "--uid", "1501", "copier"]);
+    const firstPid = node.pid;
+    await node.mustExec(["systemctl", "reboot"]).catch(() => undefined);
+    t.equal(await node.waitBoot(2, 120_000).then(() => node.boots), 2, "booted a second time");
+    t.not(node.pid, firstPid, "with a new PID 1");
+    t.equal((await node.mustExec(["cat", "/etc/probe.conf"])).stdout, "kept\n", "the disk kept its files");
+    t.not((await node.exec(["test", "-e", "/run/probe"])).exitCode, 0, "/run is new");
+    await node.mustExec(["sh", "-c", "echo 1 >/proc/sys/net/ipv4/ip_forward"]);
+    t.pass("the options are applied again after the reboot");
+    await node.mustExec([
+      "sh",
+      "-c",
+      "cp /etc/issue /tmp/issue && cat /tmp/issue >/etc/issue && touch /etc/issue",
+    ]);
+    await node.stop();
+    const diff = await node.diff();
+    const paths = diff.entries.map((e) => `${e.kind} ${e.path}`);
+    t.ok(paths.includes("added /etc/probe.conf"), "the diff walks the copy");
+    t.notOk(
+      paths.some((p) => p.startsWith("added /run")),
+      "nothing of the node's tmpfs /run",
+    );
+    t.same(diff.users.added, ["copier"]);
+    t.notOk(paths.includes("changed /etc/issue"), "a file rewritten with the same bytes is not a change");
+  });
+
   t.test("two nodes boot side by side, each with its own address, both reach the host", async (t) => {
     const [a, b] = await Promise.all([nodeForTest(t, { root: lower }), nodeForTest(t, { root: lower })]);
     t.not(a.name, b.name);

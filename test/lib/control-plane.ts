@@ -143,7 +143,44 @@ export interface StartOptions {
    * objects but no kubelets leave out nodelifecycle, which would mark them NotReady.
    */
   controllerManager?: boolean | { controllers?: string[]; extraArgs?: string[] };
+  /**
+   * Where kube-apiserver listens (default 127.0.0.1). A node in its own network namespace
+   * reaches the host on its veth's host address, so an end-to-end test listens on 0.0.0.0.
+   */
+  bindAddress?: string;
+  /** More DNS names in the API server's serving certificate (a name nodes resolve to the host). */
+  serverNames?: string[];
+  /**
+   * The RBAC kubeadm sets up for kubelet TLS bootstrap: bootstrap tokens (group
+   * system:bootstrappers) may create CSRs and have client CSRs auto-approved, nodes
+   * (system:nodes) have their renewals auto-approved (kube-controller-manager's csrapproving).
+   */
+  kubeletBootstrapRbac?: boolean;
 }
+
+/** kubeadm's bindings for kubelet TLS bootstrap (its "bootstrap-token" phase), as one YAML stream. */
+export const KUBELET_BOOTSTRAP_RBAC = [
+  ["kubeadm:kubelet-bootstrap", "system:node-bootstrapper", "system:bootstrappers"],
+  [
+    "kubeadm:node-autoapprove-bootstrap",
+    "system:certificates.k8s.io:certificatesigningrequests:nodeclient",
+    "system:bootstrappers",
+  ],
+  [
+    "kubeadm:node-autoapprove-certificate-rotation",
+    "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
+    "system:nodes",
+  ],
+]
+  .map(
+    ([name, role, group]) => `apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "${name}"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "${role}"}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: Group, name: "${group}"}]
+`,
+  )
+  .join("---\n");
 
 export async function startControlPlane(opts: StartOptions = {}): Promise<ControlPlane> {
   const binDir = await binaries();
@@ -166,7 +203,13 @@ export async function startControlPlane(opts: StartOptions = {}): Promise<Contro
     const [serving, adminCert, frontProxyClient] = await Promise.all([
       issueCert(pki, "apiserver", ca, {
         cn: "kube-apiserver",
-        dnsNames: ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"],
+        dnsNames: [
+          "localhost",
+          "kubernetes",
+          "kubernetes.default",
+          "kubernetes.default.svc",
+          ...(opts.serverNames ?? []),
+        ],
         ips: ["127.0.0.1", "10.96.0.1"],
       }),
       issueCert(pki, "admin", ca, { cn: "kubernetes-admin", orgs: ["system:masters"], client: true }),
@@ -200,7 +243,7 @@ export async function startControlPlane(opts: StartOptions = {}): Promise<Contro
         path.join(binDir, "kube-apiserver"),
         [
           `--etcd-servers=http://127.0.0.1:${etcdClientPort}`,
-          "--bind-address=127.0.0.1",
+          `--bind-address=${opts.bindAddress ?? "127.0.0.1"}`,
           "--advertise-address=127.0.0.1",
           `--secure-port=${apiPort}`,
           `--cert-dir=${path.join(dir, "apiserver-certs")}`,
@@ -352,6 +395,7 @@ export async function startControlPlane(opts: StartOptions = {}): Promise<Contro
       },
       stop,
     };
+    if (opts.kubeletBootstrapRbac) await cp.kubectl(["apply", "-f", "-"], { input: KUBELET_BOOTSTRAP_RBAC });
     return cp;
   } catch (err) {
     await stop();

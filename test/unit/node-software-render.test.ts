@@ -5,7 +5,12 @@ import t from "tap";
 import { kubeletMaySetLabel } from "../../bundles/names.ts";
 import type { ContainerdSpec } from "../../bundles/types.ts";
 import { autoReservation, renderUnit as kubeletUnit } from "../../steps/kubelet.ts";
-import { credentials, renderConfig as containerdConfig, renderHosts } from "../../steps/containerd.ts";
+import {
+  canLowerOomScores,
+  credentials,
+  renderConfig as containerdConfig,
+  renderHosts,
+} from "../../steps/containerd.ts";
 import { renderConfig as proxyConfig } from "../../steps/kubernetes-api-proxy.ts";
 
 const GI = 1024 ** 3;
@@ -65,6 +70,20 @@ t.test("containerd 1.x gets configuration version 2, 2.x version 3", async (t) =
   t.match(v3, /bin_dirs = \["\/opt\/cni\/bin"\]/, "2.1 reads bin_dirs");
   t.match(containerdConfig(spec, { major: 2, minor: 0, text: "2.0.5" }), /bin_dir = "\/opt\/cni\/bin"/, "2.0 bin_dir");
   t.notMatch(v3, /grpc\.v1\.cri/);
+});
+
+t.test("where CAP_SYS_RESOURCE is missing, containerd keeps OOM scores at or above its own", async (t) => {
+  const v1 = { major: 1, minor: 6, text: "1.6.20" };
+  const v2 = { major: 2, minor: 1, text: "2.1.4" };
+  t.notMatch(containerdConfig(spec, v1), /restrict_oom_score_adj/, "a machine that may lower scores: nothing added");
+  const restricted1 = containerdConfig(spec, v1, { canLowerOomScores: false });
+  t.match(
+    restricted1,
+    /\[plugins\."io\.containerd\.grpc\.v1\.cri"\]\n(?: {2}\S.*\n)* {2}restrict_oom_score_adj = true\n/,
+  );
+  const restricted2 = containerdConfig(spec, v2, { canLowerOomScores: false });
+  t.match(restricted2, /\[plugins\."io\.containerd\.cri\.v1\.runtime"\]\n {2}restrict_oom_score_adj = true\n/);
+  t.equal(typeof (await canLowerOomScores()), "boolean", "read from the machine (PID 1's bounding set)");
 });
 
 t.test("registry credentials are secrets, in every form they take", async (t) => {

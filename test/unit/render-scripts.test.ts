@@ -102,3 +102,30 @@ t.test("no curl command line carries a token (argv is readable by every user in 
     }
   }
 });
+
+t.test("phase 2 leaves the agent's package unmarked, so step 007 never removes it", async (t) => {
+  // 007 removes unlisted packages marked installed-by; the agent's own is never in its list.
+  t.notMatch(scripts["bootstrap-phase2.sh"]!, />\s*"?\$PKG_DIR\/installed-by/);
+  t.match(
+    scripts["bootstrap-phase2.sh"]!,
+    /bashible once --log-format pretty --node-group worker/,
+    "progress for people",
+  );
+});
+
+t.test("bootstrap.sh stops at once on a token that expired, and says so", async (t) => {
+  const s = scripts["bootstrap.sh"]!;
+  t.match(s, /date -u -d '2030-01-01T00:00:00Z' \+%s/, "compares the clock with the token's expiration");
+  t.match(s, /the bootstrap token in this script expired at 2030-01-01T00:00:00Z/);
+  t.match(s, /get a fresh bootstrap\.sh from Secret d8-cloud-instance-manager\/manual-bootstrap-for-worker/);
+});
+
+t.test("cleanup removes the agent's restart unit and CAs, and reboots when it says", async (t) => {
+  const s = scripts["cleanup_static_node.sh"]!;
+  t.match(s, /UNITS=\([^)]*bashible-restart\.service/);
+  t.match(s, /\/usr\/local\/share\/ca-certificates\/bashible-\*\.crt/);
+  t.match(s, /update-ca-certificates --fresh/);
+  t.match(s, /\/usr\/libexec\/kubernetes/, "the kubelet's FlexVolume directory");
+  t.match(s, /setsid -f sh -c 'sleep 5; shutdown -r now'/);
+  t.notMatch(s, /^\s*shutdown -r -t/m, "systemd's shutdown ignores -t and waits a minute");
+});

@@ -1,0 +1,426 @@
+// End to end, as an operator runs it (issue 15): a fresh Debian machine joins a real control
+// plane through bootstrap.sh, changes apply, and cleanup_static_node.sh leaves no trace.
+//
+// Real parts only: etcd, kube-apiserver, kube-controller-manager (signs and approves the kubelet's
+// CSR), `bashible server` (the built agent) as the aggregated API with its controllers, a real
+// OCI registry behind the registry-packages proxy holding what `npm run package` builds, and a
+// Debian machine booted with systemd-nspawn (systemd as PID 1) on its own network, reaching the
+// API server and the proxy over a veth. The machine gets bootstrap.sh from Secret
+// d8-cloud-instance-manager/manual-bootstrap-for-worker and runs it; containerd, the API proxy
+// (nginx), the kubelet and the agent run as its units. The one stand-in is the watchdog: there
+// is no /dev/watchdog here, so a FIFO with the same protocol sits at /dev/watchdog inside the
+// machine (what the agent writes to it is read by this test).
+//
+// What this machine cannot offer, and how the node is given it (test/lib/nspawn-node.ts):
+// containerd's overlay snapshots need a real filesystem (the node's root is a copy, not an
+// overlay); the kubelet sets kernel-wide sysctls (the node gets its own stand-in files for
+// those six, so the host is untouched); a reboot ends nspawn (the node is started again on the
+// same disk, as systemd-nspawn@.service does).
+import t from "tap";
+import { existsSync } from "node:fs";
+import { readFile } from "node:fs/promises";
+import path from "node:path";
+import { BOOTSTRAP_GROUP, BOOTSTRAP_GROUP_PREFIX } from "../../cluster/server/auth.ts";
+import { manualBootstrapData } from "../../cluster/bootstrap-secrets.ts";
+import type { RenderInputs } from "../../cluster/render/inputs.ts";
+import { NODE_KEYS } from "../../bundles/names.ts";
+import { PATHS } from "../../bundles/paths.ts";
+import { FakeWatchdog } from "../fixtures/watchdog.ts";
+import type { NodeDiff, NspawnNode } from "../lib/nspawn-node.ts";
+import { GROUP, nodeGroup, nodeUser, NODE_USER, POD_SUBNET, sshPublicKey } from "./lib/cluster.ts";
+import { BUSYBOX_IMAGE } from "./lib/images.ts";
+import { getNode as getNodeOf, joinMachine, runScript, type ScriptRun, startWorld, type World } from "./lib/world.ts";
+import { until } from "../lib/until.ts";
+
+const missing = [
+  "/usr/bin/systemd-nspawn",
+  "/usr/sbin/debootstrap",
+  "/usr/bin/docker-registry",
+  "/usr/bin/openssl",
+].filter((p) => !existsSync(p));
+const skip =
+  process.getuid?.() !== 0
+    ? "needs root (boots systemd-nspawn machines, runs a control plane)"
+    : missing.length
+      ? `needs ${missing.join(", ")} (apt-get install systemd-container debootstrap docker-registry openssl)`
+      : false;
+
+const CLEANUP_FLAG = "--yes-i-am-sane-and-i-understand-what-i-am-doing";
+
+t.test(
+  "a fresh Debian machine joins, changes apply, cleanup leaves no trace",
+  { skip, timeout: 30 * 60_000 },
+  async (t) => {
+    const world: World = await startWorld({
+      log: (l) => t.comment(l),
+      keepWork: () => process.env.BASHIBLE_E2E_KEEP === "1" || !t.passing(),
+    });
+    t.teardown(() => world.stop());
+    const { cluster } = world;
+    const { cp } = cluster;
+    const machine = await world.machine("e2e-worker-1");
+    const name = machine.name;
+    const sh = (script: string) => machine.mustExec(["sh", "-c", script]).then((r) => r.stdout);
+    const runs: Record<string, ScriptRun> = {};
+    t.teardown(async () => {
+      if (t.passing()) return;
+      // What an operator would look at first.
+      const tail = async (f: string) => (await readFile(f, "utf8").catch(() => "")).slice(-4000);
+      t.comment(`work dir kept: ${world.work}`);
+      t.comment(`bashible-server log:\n${await tail(cluster.serverLog)}`);
+      for (const [k, r] of Object.entries(runs)) t.comment(`${k} (exit ${r.exitCode}):\n${r.output.slice(-4000)}`);
+      const j = await machine.exec(["journalctl", "-q", "--no-pager", "-n", "150", "-u", "bashible", "-u", "kubelet"]);
+      t.comment(`journal:\n${j.stdout.slice(-8000)}`);
+    });
+
+    const getNode = () => getNodeOf(cluster, name);
+    const mainPid = async (unit: string) => (await sh(`systemctl show -p MainPID --value ${unit}`)).trim();
+    const status = async () => JSON.parse(await sh(`cat ${PATHS.status}`));
+    /** The FIFO at /dev/watchdog inside the machine (its /dev is new every boot). */
+    const watchdog = () => new FakeWatchdog(`/proc/${machine.pid}/root/dev/watchdog`);
+
+    await t.test("bootstrap.sh with an expired token says so and stops", async (t) => {
+      const token = await cp.mintBootstrapToken({
+        ttlSeconds: -600,
+        extraGroups: [BOOTSTRAP_GROUP, `${BOOTSTRAP_GROUP_PREFIX}${GROUP}`],
+      });
+      const secret = await cp.admin.request<{ data: Record<string, string> }>(
+        "GET",
+        `/api/v1/namespaces/kube-system/secrets/bootstrap-token-${token.split(".")[0]}`,
+      );
+      const expiration = Buffer.from(secret.data.expiration as string, "base64").toString();
+      // A copy of bootstrap.sh saved hours ago: the same script, its token since expired.
+      const ctx = { clusterCA: await readFile(cp.ca.cert, "utf8"), apiserverEndpoints: [cluster.apiEndpoint] };
+      const stale = manualBootstrapData(GROUP, ctx as RenderInputs["context"], { token, expiration })["bootstrap.sh"];
+      const run = await runScript(machine, "bootstrap.sh", stale, [], { timeoutMs: 120_000 });
+      runs["expired bootstrap.sh"] = run;
+      t.equal(run.exitCode, 1, "it fails");
+      t.match(run.output, /HTTP 401/, "the API server refused the token");
+      t.match(
+        run.output,
+        `the bootstrap token in this script expired at ${expiration}`,
+        "and it says the token expired",
+      );
+      t.match(
+        run.output,
+        `get a fresh bootstrap.sh from Secret d8-cloud-instance-manager/manual-bootstrap-for-${GROUP}`,
+      );
+      t.ok(run.endedAt - run.startedAt < 30_000, "without retrying for minutes");
+    });
+
+    let fifo = watchdog();
+    t.teardown(() => fifo.close());
+    let joined = false;
+    const join: { bootstrapMs?: number; readyMs?: number; steps?: { name: string; durationMs: number }[] } = {};
+
+    await t.test("join: bootstrap.sh from the Secret, run on the machine", async (t) => {
+      const script = await cluster.bootstrapScript();
+      t.match(script, /^#!\/bin\/bash/, "the Secret carries bootstrap.sh");
+      // The Node is watched from bootstrap.sh's start: the join time is start → Ready.
+      const { run, readyMs, node } = await joinMachine(cluster, machine, script);
+      runs["bootstrap.sh"] = run;
+      t.equal(run.exitCode, 0, "bootstrap.sh succeeds");
+      join.bootstrapMs = run.endedAt - run.startedAt;
+      join.readyMs = readyMs;
+      // Progress: every step as it ends, k of n, with the time so far.
+      const progress = run.lines.filter((l) =>
+        /step \d+ of \d+ \S+: \w+ in [\d.]+ s \([\d.]+ s elapsed\)/.test(l.text),
+      );
+      const n = Number(/of (\d+)/.exec(progress[0]?.text ?? "")?.[1]);
+      t.ok(n >= 10, `bootstrap printed progress for ${n} steps`);
+      t.equal(progress.length, n, "one line per step");
+      t.match(run.output, new RegExp(`bootstrap of node group ${GROUP} complete in \\d+ s`));
+      t.ok(node, "the Node became Ready");
+      t.comment(
+        `join: bootstrap.sh ${(join.bootstrapMs / 1000).toFixed(1)} s, Node Ready ${(readyMs / 1000).toFixed(1)} s after its start`,
+      );
+      t.equal(node?.metadata.labels?.[NODE_KEYS.group], GROUP, "the Node carries the group label");
+      t.equal(node?.metadata.labels?.[NODE_KEYS.nodeType], "Static", "and the node type");
+      t.equal(node?.metadata.labels?.["e2e.bashible.test/role"], "worker", "and the NodeGroup's template labels");
+
+      const st = await status();
+      t.equal(st.lastRun?.outcome, "applied", "the first converge applied the bundle");
+      t.ok(
+        st.steps.every((s: { outcome: string }) => s.outcome === "changed" || s.outcome === "unchanged"),
+        "every step converged",
+      );
+      join.steps = st.steps.map((s: { name: string; durationMs: number }) => ({
+        name: s.name,
+        durationMs: s.durationMs,
+      }));
+
+      for (const unit of ["containerd-deckhouse", "kubernetes-api-proxy", "kubelet", "bashible"]) {
+        t.equal((await machine.exec(["systemctl", "is-active", unit])).stdout.trim(), "active", `${unit} runs`);
+      }
+      const version = JSON.parse(
+        await sh("curl -sS --max-time 10 --cacert /etc/kubernetes/pki/ca.crt https://127.0.0.1:6445/version"),
+      );
+      t.match(version.gitVersion, /^v1\.34\./, "the API proxy answers on 127.0.0.1:6445 with the API server behind it");
+      t.equal(
+        (await machine.exec(["test", "-s", "/var/lib/kubelet/pki/kubelet-client-current.pem"])).exitCode,
+        0,
+        "the kubelet has its client certificate",
+      );
+      const csrs = await cp.admin.request<{
+        items: {
+          spec: { signerName: string; username: string };
+          status: { conditions?: { type: string }[]; certificate?: string };
+        }[];
+      }>("GET", "/apis/certificates.k8s.io/v1/certificatesigningrequests");
+      const client = csrs.items.find((c) => c.spec.signerName === "kubernetes.io/kube-apiserver-client-kubelet");
+      t.match(client?.spec.username, /^system:bootstrap:/, "requested with the bootstrap token");
+      t.ok(
+        client?.status.conditions?.some((c) => c.type === "Approved") && client.status.certificate,
+        "approved and signed by kube-controller-manager",
+      );
+
+      const checksum = await cluster.groupChecksum();
+      t.ok(checksum, "the checksums Secret has the group");
+      await until(
+        "the checksum annotation",
+        async () => (await getNode())?.metadata.annotations?.[NODE_KEYS.checksum] === checksum,
+        60_000,
+      );
+      t.pass(`the Node's checksum annotation equals the Secret's ${checksum?.slice(0, 12)}`);
+
+      await until(
+        "the bashible-uninitialized taint to go",
+        async () => {
+          const n = await getNode();
+          return n && !n.spec?.taints?.some((x) => x.key === NODE_KEYS.uninitializedTaint);
+        },
+        60_000,
+      );
+      t.pass("the first run finished: the cluster removed the taint the kubelet registered with");
+
+      const pw = (await sh(`getent passwd ${NODE_USER}`)).trim().split(":");
+      t.equal(pw[2], "1901", "the NodeUser exists with its uid");
+      t.match(await sh(`cat ${pw[5]}/.ssh/authorized_keys`), cluster.userKey, "and its key");
+      t.match(await sh(`id -nG ${NODE_USER}`), /\bnodeadmin\b/, "and is a sudoer (nodeadmin)");
+      joined = true;
+    });
+
+    await t.test(
+      "the node runs a pod (bridge CNI from the bundle, images imported into containerd)",
+      { skip: !joined && "no join" },
+      async (t) => {
+        for (const img of Object.values(world.images)) {
+          await machine.copyIn(img.file, `/tmp/${path.basename(img.file)}`);
+          await machine.mustExec([
+            "/opt/deckhouse/bin/ctr",
+            "-n",
+            "k8s.io",
+            "images",
+            "import",
+            `/tmp/${path.basename(img.file)}`,
+          ]);
+        }
+        await cluster.apply({
+          apiVersion: "v1",
+          kind: "Pod",
+          metadata: { name: "hello", namespace: "default" },
+          spec: {
+            nodeName: name,
+            containers: [
+              {
+                name: "hello",
+                image: BUSYBOX_IMAGE,
+                imagePullPolicy: "Never",
+                command: ["/bin/sh", "-c", 'echo "hello from $(hostname)"; exec sleep 3600'],
+              },
+            ],
+          },
+        });
+        const pod = await until(
+          "the pod to run",
+          async () => {
+            const p = await cp.admin.request<{ status: { phase: string; podIP?: string } }>(
+              "GET",
+              "/api/v1/namespaces/default/pods/hello",
+            );
+            return p.status.phase === "Running" && p;
+          },
+          120_000,
+        );
+        t.equal(pod.status.phase, "Running");
+        t.match(
+          pod.status.podIP,
+          new RegExp(`^${POD_SUBNET.split(".").slice(0, 3).join("\\.")}\\.`),
+          `its address is from the bridge network ${POD_SUBNET}`,
+        );
+        // The kubelet's own log of the container (kubectl logs needs the kubelet's serving
+        // certificate, whose CSR nothing in this cluster approves).
+        const log = await until("the container's log", async () => {
+          const text = await sh("cat /var/log/pods/default_hello_*/hello/0.log 2>/dev/null || true");
+          return text.includes("hello from hello") && text;
+        });
+        t.match(log, "hello from hello", "the container ran its command");
+      },
+    );
+
+    await t.test("early OOM and fencing run on the node", { skip: !joined && "no join" }, async (t) => {
+      // The agent's service restarts once after the first converge: wait for its endpoint.
+      const eo = await until(
+        "the agent's early OOM endpoint",
+        async () => JSON.parse(await sh("curl -sS --max-time 5 http://127.0.0.1:9650/early-oom")),
+        60_000,
+      );
+      t.equal(eo.enabled, true, "early OOM is on");
+      t.equal(eo.dryRun, false, "and acts");
+      t.equal(eo.psi, "available", "it reads memory pressure (PSI)");
+      await until(
+        "the fencing label",
+        async () => (await getNode())?.metadata.labels?.[NODE_KEYS.fencingEnabled] !== undefined,
+        60_000,
+      );
+      t.pass("the Node is labelled for fencing");
+      await fifo.nextPets(2, 30_000);
+      t.pass("the agent pets the watchdog");
+      t.match(
+        await sh("cat /etc/modprobe.d/bashible-softdog.conf"),
+        /soft_margin=60/,
+        "softdog is configured for the next boot",
+      );
+      const fs = await machine.exec(["/opt/deckhouse/bin/bashible", "fencing", "status"]);
+      t.match(fs.stdout + fs.stderr, /armed/i, "`bashible fencing status` says armed");
+    });
+
+    await t.test(
+      "change: a kubelet setting and the NodeUser apply within seconds, only the kubelet restarts",
+      { skip: !joined && "no join" },
+      async (t) => {
+        const units = ["kubelet", "containerd-deckhouse", "kubernetes-api-proxy", "bashible"];
+        const before = Object.fromEntries(await Promise.all(units.map(async (u) => [u, await mainPid(u)])));
+        const oldChecksum = await cluster.groupChecksum();
+        const secondKey = sshPublicKey("e2e-operator@second");
+        const editedAt = Date.now();
+        await cluster.apply(nodeGroup({ maxPods: 60 }));
+        await cluster.apply(nodeUser([cluster.userKey, secondKey]));
+        // Two edits, so maybe two bundles: wait until the node has applied the one with both.
+        const newChecksum = await until(
+          "the node to apply both edits",
+          async () => {
+            const c = await cluster.groupChecksum();
+            if (!c || c === oldChecksum || (await getNode())?.metadata.annotations?.[NODE_KEYS.checksum] !== c)
+              return false;
+            const keys = await sh(`cat /home/deckhouse/${NODE_USER}/.ssh/authorized_keys`);
+            const config = await sh("cat /var/lib/kubelet/config.yaml");
+            return keys.includes(secondKey) && /^maxPods: 60$/m.test(config) && c;
+          },
+          120_000,
+        );
+        const st = await status();
+        const appliedMs = Date.parse(st.lastRun.finishedAt) - editedAt;
+        t.comment(`change: edit → applied on the node ${(appliedMs / 1000).toFixed(1)} s`);
+        t.equal(st.lastRun.checksum, newChecksum, "the node applied the new bundle");
+        t.match(
+          await sh("cat /var/lib/kubelet/config.yaml"),
+          /^maxPods: 60$/m,
+          "the kubelet's configuration has the new maxPods",
+        );
+        t.match(
+          await sh(`cat /home/deckhouse/${NODE_USER}/.ssh/authorized_keys`),
+          secondKey,
+          "the NodeUser has its new key",
+        );
+        const after = Object.fromEntries(await Promise.all(units.map(async (u) => [u, await mainPid(u)])));
+        t.not(after.kubelet, before.kubelet, "the kubelet restarted");
+        for (const u of units.slice(1)) t.equal(after[u], before[u], `${u} did not`);
+        await until(
+          "the kubelet to report 60 pods",
+          async () => (await getNode())?.status?.capacity?.pods === "60",
+          60_000,
+        );
+        t.pass("the Node's capacity says 60 pods");
+        const pod = await cp.admin.request<{
+          status: { phase: string; containerStatuses: { restartCount: number }[] };
+        }>("GET", "/api/v1/namespaces/default/pods/hello");
+        t.equal(pod.status.containerStatuses[0]?.restartCount, 0, "the pod kept running");
+      },
+    );
+
+    await t.test("cleanup_static_node.sh", { skip: !joined && "no join" }, async (t) => {
+      const script = await sh(`cat ${PATHS.stateDir}/cleanup_static_node.sh`);
+      const refused = await runScript(machine, "cleanup_static_node.sh", script);
+      runs["cleanup without the flag"] = refused;
+      t.equal(refused.exitCode, 1, "without its flag it refuses");
+      t.match(refused.output, `Run it with ${CLEANUP_FLAG} to proceed`);
+      t.equal(
+        (await machine.exec(["systemctl", "is-active", "bashible"])).stdout.trim(),
+        "active",
+        "and changed nothing",
+      );
+
+      // Deckhouse's procedure: take the node out of the cluster, then clean the machine.
+      await cp.kubectl(["drain", name, "--ignore-daemonsets", "--delete-emptydir-data", "--force", "--timeout=120s"]);
+      await cp.kubectl(["delete", "node", name]);
+      const bootsBefore = machine.boots;
+      const vBefore = fifo.count("V");
+      const run = await runScript(machine, "cleanup_static_node.sh", script, [CLEANUP_FLAG]);
+      runs.cleanup = run;
+      t.equal(run.exitCode, 0, "with its flag it cleans up");
+      t.match(run.output, "cleanup complete; rebooting in 5 seconds");
+      t.ok(fifo.count("V") > vBefore, "stopping the agent disarmed the watchdog (magic close)");
+      // systemd itself opens /dev/watchdog while it reboots (RebootWatchdogSec): the stand-in
+      // stays readable until the old boot is gone, as a device would.
+      await machine.waitBoot(bootsBefore + 1, 120_000).catch(async (err) => {
+        const r = await machine.exec(["sh", "-c", "ps -eo pid,stat,args; systemctl list-jobs --no-pager"]);
+        throw new Error(`${(err as Error).message}\n${r.stdout}${r.stderr}\n${(await machine.bootLog()).slice(-3000)}`);
+      });
+      fifo.close();
+      t.pass("the machine rebooted");
+      t.equal(await getNode(), undefined, "the Node object is gone and nothing brought it back");
+
+      const again = await runScript(machine, "cleanup_static_node.sh", script, [CLEANUP_FLAG]);
+      runs["cleanup again"] = again;
+      t.equal(again.exitCode, 0, "cleanup twice is safe");
+      await machine.waitBoot(bootsBefore + 2, 120_000);
+
+      // What is left: this machine against the root it came from, and against a machine from
+      // the same root that never joined (what booting and the operator's /etc/hosts change alone).
+      const ours = await machine.diff();
+      const norm = async (node: NspawnNode, d: NodeDiff) => {
+        const id = (await readFile(path.join(node.rootfs, "etc/machine-id"), "utf8")).trim();
+        return d.entries.map(
+          (e) =>
+            `${e.kind} ${e.path.replaceAll(id, "<machine-id>").replace(/systemd-private-[0-9a-f]+-(.+)-[A-Za-z0-9]+/, "systemd-private-*-$1-*")}`,
+        );
+      };
+      const pristine = await world.machine("e2e-never-joined");
+      const baseline = await pristine.diff();
+      const base = new Set(await norm(pristine, baseline));
+      await pristine.dispose();
+      const all = await norm(machine, ours);
+      t.comment(`the machine against its root (${all.length} differences):\n  ${all.join("\n  ")}`);
+      const traces = all.filter((e) => !base.has(e));
+      t.comment(`not on a machine that never joined:\n  ${traces.join("\n  ") || "(none)"}`);
+      // useradd/userdel keep the previous version of each account file as FILE-: they still
+      // hold the removed NodeUser's line (the live files are byte for byte the originals).
+      const shadowBackups = /^(changed|added) \/etc\/(passwd|group|shadow|gshadow|subuid|subgid)-$/;
+      t.same(
+        traces.filter((e) => !shadowBackups.test(e)),
+        [],
+        "no file of the agent or Kubernetes is left",
+      );
+      t.same(ours.users, { added: [], removed: [], changed: [] }, "users as before");
+      t.same(ours.groups, { added: [], removed: [], changed: [] }, "groups as before");
+      t.same(ours.units, baseline.units, "units as before");
+    });
+
+    await t.test("bootstrap again: the machine rejoins", { skip: !joined && "no join" }, async (t) => {
+      fifo = watchdog();
+      const { run, readyMs, node } = await joinMachine(cluster, machine, await cluster.bootstrapScript());
+      runs["bootstrap again"] = run;
+      t.equal(run.exitCode, 0, "bootstrap.sh succeeds again");
+      t.ok(node, `the Node is Ready again (${(readyMs / 1000).toFixed(1)} s after bootstrap.sh started)`);
+      t.equal(node?.metadata.labels?.[NODE_KEYS.group], GROUP, "with its group");
+      const checksum = await cluster.groupChecksum();
+      await until(
+        "the checksum annotation",
+        async () => (await getNode())?.metadata.annotations?.[NODE_KEYS.checksum] === checksum,
+        60_000,
+      );
+      t.pass("and the current checksum");
+    });
+  },
+);

@@ -1,0 +1,303 @@
+// The cluster side of the end-to-end scenario, everything real and on this machine:
+//   - etcd, kube-apiserver and kube-controller-manager (CSR signing with the cluster CA, kubelet
+//     client certificates auto-approved through kubeadm's RBAC), kube-apiserver listening on
+//     0.0.0.0 so a node in its own network namespace reaches it over its veth;
+//   - the CRDs, the server's RBAC from cluster/deploy, the context Secret;
+//   - `bashible server` (the built agent, its own process, as a cluster runs it) registered as
+//     the aggregated API: writers, update controllers and the fencing controller on;
+//   - a real OCI registry (docker-registry, loopback only) holding the registry packages
+//     `npm run package` built, behind the registry-packages proxy (listening on 0.0.0.0, its
+//     certificate issued by the cluster CA, as nodes verify it with the bundle's CA);
+//   - NodeGroup `worker` (Static, fencing Watchdog), a NodeUser, one NodeGroupConfiguration (the
+//     bridge CNI).
+// Nodes reach the API server and the proxy as CONTROL_PLANE_HOST (both certificates carry the
+// name; a node maps it to its veth's host address in /etc/hosts) and nothing else: etcd, the
+// registry, the bundle server and kube-controller-manager listen on loopback.
+import { type ChildProcess, spawn } from "node:child_process";
+import { generateKeyPairSync, randomUUID } from "node:crypto";
+import { mkdir, open, readFile } from "node:fs/promises";
+import path from "node:path";
+import { pino } from "pino";
+import { installCrds } from "../../../cluster/crds/install.ts";
+import { startPackagesProxy, type PackagesProxy } from "../../../cluster/packages-proxy/server.ts";
+import { CONTEXT_KEY, CONTEXT_SECRET } from "../../../cluster/sources/kube.ts";
+import { NAMESPACE, SECRETS } from "../../../bundles/names.ts";
+import { getSecret } from "../../../lib/kube/api.ts";
+import type { BuiltPackage } from "../../../scripts/package.ts";
+import { registerAPIService } from "../../fixtures/bundle-server.ts";
+import { startRegistry, type Registry } from "../../fixtures/registry.ts";
+import { type ControlPlane, freePort, startControlPlane } from "../../lib/control-plane.ts";
+import { createCA, issueCert } from "../../lib/pki.ts";
+import { PAUSE_IMAGE } from "./images.ts";
+
+/** The name nodes dial for the API server and the registry-packages proxy. */
+export const CONTROL_PLANE_HOST = "control-plane.e2e.bashible.test";
+export const GROUP = "worker";
+export const PACKAGES_REPOSITORY = "deckhouse/packages";
+export const NODE_USER = "e2e-operator";
+/** The bridge network pods on the node get (host-local IPAM). */
+export const POD_SUBNET = "10.244.0.0/24";
+
+/** An OpenSSH public key line for a fresh ed25519 key. */
+export function sshPublicKey(comment: string): string {
+  const { publicKey } = generateKeyPairSync("ed25519");
+  const raw = publicKey.export({ format: "der", type: "spki" }).subarray(-32);
+  const str = (b: Buffer) => Buffer.concat([Buffer.from([0, 0, 0, b.length]), b]);
+  const blob = Buffer.concat([str(Buffer.from("ssh-ed25519")), str(raw)]);
+  return `ssh-ed25519 ${blob.toString("base64")} ${comment}`;
+}
+
+export interface E2eCluster {
+  cp: ControlPlane;
+  /** The `bashible server` process. */
+  server: ChildProcess;
+  registry: Registry;
+  proxy: PackagesProxy;
+  /** host:port as nodes dial them. */
+  apiEndpoint: string;
+  proxyEndpoint: string;
+  /** The bundle server's log (pino JSON lines). */
+  serverLog: string;
+  /** The NodeUser's first key. */
+  userKey: string;
+  apply(obj: unknown): Promise<void>;
+  /** bootstrap.sh from Secret d8-cloud-instance-manager/manual-bootstrap-for-worker, once it exists. */
+  bootstrapScript(): Promise<string>;
+  /** The checksum Secret's value for the group. */
+  groupChecksum(): Promise<string | undefined>;
+  stop(): Promise<void>;
+}
+
+export function nodeGroup(kubelet: Record<string, unknown> = {}): unknown {
+  return {
+    apiVersion: "deckhouse.io/v1",
+    kind: "NodeGroup",
+    metadata: { name: GROUP },
+    spec: {
+      nodeType: "Static",
+      disruptions: { approvalMode: "Automatic" },
+      kubelet: { maxPods: 50, ...kubelet },
+      fencing: { mode: "Watchdog" },
+      nodeTemplate: { labels: { "e2e.bashible.test/role": "worker" } },
+    },
+  };
+}
+
+export function nodeUser(keys: string[]): unknown {
+  return {
+    apiVersion: "deckhouse.io/v1",
+    kind: "NodeUser",
+    metadata: { name: NODE_USER },
+    spec: {
+      uid: 1901,
+      sshPublicKeys: keys,
+      // `openssl passwd -6 -salt e2esalt e2e-password`
+      passwordHash: "$6$e2esalt$eiyQKA2xKGckUJD1pbp/M.0jfnw5cLCERafvgBVYQyhtcshY8BUUv4liqePBc4Nvv57m2SkvPC1BHxOGbWIi..",
+      isSudoer: true,
+      nodeGroups: [GROUP],
+    },
+  };
+}
+
+/** The bridge CNI configuration, written by a NodeGroupConfiguration script as clusters ship a CNI. */
+export const CNI_CONFIGURATION = {
+  apiVersion: "deckhouse.io/v1alpha1",
+  kind: "NodeGroupConfiguration",
+  metadata: { name: "e2e-bridge-cni" },
+  spec: {
+    weight: 45,
+    nodeGroups: [GROUP],
+    bundles: ["*"],
+    content: `# The pod network: one bridge on the node, addresses from host-local.
+mkdir -p /etc/cni/net.d
+cat >/etc/cni/net.d/.10-bridge.conflist.new <<'EOF'
+{
+  "cniVersion": "0.4.0",
+  "name": "e2e-bridge",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "cni0",
+      "isGateway": true,
+      "ipMasq": false,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{ "subnet": "${POD_SUBNET}" }]],
+        "routes": [{ "dst": "0.0.0.0/0" }]
+      }
+    }
+  ]
+}
+EOF
+mv -f /etc/cni/net.d/.10-bridge.conflist.new /etc/cni/net.d/10-bridge.conflist
+`,
+  },
+};
+
+export async function startE2eCluster(o: {
+  dir: string;
+  /** The agent build (`dist/`) whose `bashible server` runs the cluster side. */
+  dist: string;
+  packages: BuiltPackage[];
+  log?: (line: string) => void;
+}): Promise<E2eCluster> {
+  const say = o.log ?? (() => undefined);
+  const stops: (() => Promise<void>)[] = [];
+  const stop = async () => {
+    for (const s of stops.reverse()) await s().catch(() => undefined);
+  };
+  try {
+    say("control plane: etcd, kube-apiserver (0.0.0.0), kube-controller-manager");
+    const cp = await startControlPlane({
+      parentDir: o.dir,
+      bindAddress: "0.0.0.0",
+      serverNames: [CONTROL_PLANE_HOST],
+      controllerManager: true,
+      kubeletBootstrapRbac: true,
+    });
+    stops.push(() => cp.stop());
+    const apply = async (obj: unknown) => {
+      await cp.kubectl(["apply", "-f", "-"], { input: JSON.stringify(obj) });
+    };
+    const apiEndpoint = `${CONTROL_PLANE_HOST}:${new URL(cp.server).port}`;
+
+    say("registry with the packages, registry-packages proxy (0.0.0.0)");
+    const registry = await startRegistry({ parentDir: o.dir });
+    stops.push(() => registry.stop());
+    const packages: Record<string, { digest: string; repository: string }> = {};
+    for (const p of o.packages) {
+      const pushed = await registry.pushOciLayout(PACKAGES_REPOSITORY, p.dir);
+      packages[p.name] = { digest: pushed.digest, repository: PACKAGES_REPOSITORY };
+    }
+    const pki = path.join(o.dir, "pki");
+    await mkdir(pki, { recursive: true });
+    const proxyCert = await issueCert(pki, "registry-packages-proxy", cp.ca, {
+      cn: "registry-packages-proxy",
+      dnsNames: [CONTROL_PLANE_HOST],
+      ips: ["127.0.0.1"],
+    });
+    const proxyToken = `e2e-${randomUUID()}`;
+    const proxy = await startPackagesProxy(
+      {
+        upstream: { url: registry.url },
+        cacheDir: path.join(o.dir, "proxy-cache"),
+        token: proxyToken,
+        tls: { cert: await readFile(proxyCert.cert, "utf8"), key: await readFile(proxyCert.key, "utf8") },
+        log: pino({ level: "info" }, pino.destination({ dest: path.join(o.dir, "packages-proxy.log"), sync: true })),
+      },
+      { host: "0.0.0.0" },
+    );
+    stops.push(() => proxy.close());
+    const proxyEndpoint = `${CONTROL_PLANE_HOST}:${proxy.port}`;
+
+    say("CRDs, RBAC, context, NodeGroup, NodeUser, NodeGroupConfiguration");
+    await installCrds(cp.admin);
+    await apply({ apiVersion: "v1", kind: "Namespace", metadata: { name: NAMESPACE } });
+    const deploy = path.resolve(import.meta.dirname, "../../../cluster/deploy");
+    for (const f of ["rbac.yaml", "fencing-rbac.yaml", "node-group-label-policy.yaml"]) {
+      await cp.kubectl(["apply", "-f", path.join(deploy, f)]);
+    }
+    const agentVersion = o.packages.find((p) => p.name === "bashible")?.version;
+    if (!agentVersion) throw new Error("the packages lack the agent (bashible)");
+    const context = {
+      clusterUUID: randomUUID(),
+      kubernetesVersion: "1.34",
+      apiserverEndpoints: [apiEndpoint],
+      clusterCA: await readFile(cp.ca.cert, "utf8"),
+      packagesProxy: { endpoints: [proxyEndpoint], token: proxyToken },
+      images: { pause: PAUSE_IMAGE },
+      packages,
+      agent: { package: "bashible", version: agentVersion },
+    };
+    await apply({
+      apiVersion: "v1",
+      kind: "Secret",
+      metadata: { name: CONTEXT_SECRET, namespace: NAMESPACE },
+      stringData: { [CONTEXT_KEY]: JSON.stringify(context) },
+    });
+    const userKey = sshPublicKey("e2e-operator@first");
+    await apply(nodeGroup());
+    await apply(nodeUser([userKey]));
+    await apply(CNI_CONFIGURATION);
+
+    say("bashible server: aggregated API, writers, update and fencing controllers");
+    const serverPki = path.join(o.dir, "bundle-server");
+    await mkdir(serverPki, { recursive: true });
+    const serverCA = await createCA(serverPki, "ca", "bashible-server-ca");
+    const serving = await issueCert(serverPki, "serving", serverCA, {
+      cn: "bashible-api",
+      dnsNames: [`bashible-api.${NAMESPACE}.svc`, "localhost"],
+      ips: ["127.0.0.1"],
+    });
+    const serverLog = path.join(o.dir, "bashible-server.log");
+    const serverPort = await freePort();
+    const logFd = await open(serverLog, "a");
+    const server = spawn(
+      path.join(o.dist, "bashible"),
+      [
+        "server",
+        "--kubeconfig",
+        cp.adminKubeconfig,
+        "--address",
+        "127.0.0.1",
+        "--port",
+        String(serverPort),
+        "--tls-cert-file",
+        serving.cert,
+        "--tls-private-key-file",
+        serving.key,
+        "--log-format",
+        "json",
+      ],
+      { stdio: ["ignore", logFd.fd, logFd.fd] },
+    );
+    await logFd.close();
+    const exited = new Promise<void>((r) => server.once("exit", () => r()));
+    stops.push(async () => {
+      if (server.exitCode !== null || server.signalCode !== null) return;
+      server.kill("SIGTERM");
+      const t = setTimeout(() => server.kill("SIGKILL"), 10_000);
+      await exited;
+      clearTimeout(t);
+    });
+    await registerAPIService(cp, serverPort, await readFile(serverCA.cert, "utf8")).catch(async (err) => {
+      const log = (await readFile(serverLog, "utf8").catch(() => "")).slice(-3000);
+      const state =
+        server.exitCode !== null || server.signalCode ? `exited ${server.exitCode ?? server.signalCode}` : "running";
+      throw new Error(`${(err as Error).message.split("\n")[0]}\nbashible server (${state}) log:\n${log}`);
+    });
+
+    const cluster: E2eCluster = {
+      cp,
+      server,
+      registry,
+      proxy,
+      apiEndpoint,
+      proxyEndpoint,
+      serverLog,
+      userKey,
+      apply,
+      async bootstrapScript() {
+        const deadline = Date.now() + 60_000;
+        for (;;) {
+          const s = await getSecret(cp.admin, NAMESPACE, `manual-bootstrap-for-${GROUP}`).catch(() => undefined);
+          const b64 = (s?.data as Record<string, string> | undefined)?.["bootstrap.sh"];
+          if (b64) return Buffer.from(b64, "base64").toString("utf8");
+          if (Date.now() > deadline) throw new Error(`Secret manual-bootstrap-for-${GROUP} did not appear`);
+          await new Promise((r) => setTimeout(r, 200));
+        }
+      },
+      async groupChecksum() {
+        const s = await getSecret(cp.admin, NAMESPACE, SECRETS.checksums).catch(() => undefined);
+        const v = (s?.data as Record<string, string> | undefined)?.[GROUP];
+        return v ? Buffer.from(v, "base64").toString("utf8") : undefined;
+      },
+      stop,
+    };
+    return cluster;
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+}

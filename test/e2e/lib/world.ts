@@ -1,0 +1,225 @@
+// Everything the end-to-end scenario and its benchmark share: the artifacts (the agent built from
+// this checkout, the registry packages, the container images), the cluster side, the node's
+// root, and what an operator does on a machine (make the control plane's name resolve, copy
+// bootstrap.sh over and run it).
+import type { ChildProcess } from "node:child_process";
+import { mkdtemp, rm } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { buildDist } from "../../../scripts/build.ts";
+import { type BuiltPackage, buildPackages } from "../../../scripts/package.ts";
+import { debianRoot, NODE_PACKAGES } from "../../lib/debian-root.ts";
+import { bootNode, type NodeOptions, type NspawnNode } from "../../lib/nspawn-node.ts";
+import { isNotFound } from "../../../lib/kube/errors.ts";
+import { CONTROL_PLANE_HOST, type E2eCluster, startE2eCluster } from "./cluster.ts";
+import { buildImages, type ImageArchive } from "./images.ts";
+
+/**
+ * The machine: a Debian node plus nginx with its stream module, which the API proxy step takes
+ * from the distribution (an operator installs it first; the node has no route to a mirror).
+ */
+export const E2E_NODE_PACKAGES: readonly string[] = [...NODE_PACKAGES, "nginx-light", "libnginx-mod-stream"];
+
+/** What a node of the scenario needs from systemd-nspawn (see test/lib/nspawn-node.ts). */
+export const E2E_NODE_OPTIONS: NodeOptions = {
+  // containerd's overlayfs snapshots cannot have their upper dirs on the overlay a node usually is.
+  copyRoot: true,
+  // containerd and the kubelet make cgroups; the kubelet and the bridge plugin write sysctls.
+  writableCgroups: true,
+  kubeletSysctls: true,
+  // cleanup_static_node.sh reboots the machine; the node comes back on the same disk.
+  restartOnReboot: true,
+};
+
+export interface World {
+  work: string;
+  dist: string;
+  packages: BuiltPackage[];
+  images: { pause: ImageArchive; busybox: ImageArchive };
+  /** The cached Debian root the machines start from. */
+  root: string;
+  cluster: E2eCluster;
+  /** A fresh machine, prepared as its operator has it (names resolve), not yet a node. */
+  machine(name: string): Promise<NspawnNode>;
+  stop(): Promise<void>;
+}
+
+export async function startWorld(o: { log?: (line: string) => void; keepWork?: () => boolean } = {}): Promise<World> {
+  const say = o.log ?? (() => undefined);
+  const work = await mkdtemp(path.join(process.env.BASHIBLE_E2E_WORK ?? os.tmpdir(), "bashible-e2e-"));
+  const nodes: NspawnNode[] = [];
+  let cluster: E2eCluster | undefined;
+  let failed = false;
+  const stop = async () => {
+    // A node with pods takes a while to power off; nothing in it is needed any more.
+    for (const n of nodes) await n.stop(15_000).catch(() => undefined);
+    for (const n of nodes) await n.dispose().catch(() => undefined);
+    await cluster?.stop();
+    if (!failed && !o.keepWork?.()) await rm(work, { recursive: true, force: true });
+  };
+  try {
+    let t = Date.now();
+    const lap = (what: string) => {
+      say(`${what} (${((Date.now() - t) / 1000).toFixed(1)} s)`);
+      t = Date.now();
+    };
+    const root = (await debianRoot({ packages: E2E_NODE_PACKAGES, log: say })).dir;
+    lap("node root ready");
+    const dist = path.join(work, "dist");
+    await buildDist(dist);
+    lap("agent built from this checkout");
+    const packages = await buildPackages({ out: path.join(work, "packages"), dist, log: () => undefined });
+    lap(`registry packages built: ${packages.map((p) => p.name).join(", ")}`);
+    const images = await buildImages(path.join(work, "images"));
+    lap("images built (busybox, pause)");
+    cluster = await startE2eCluster({ dir: work, dist, packages, log: say });
+    lap("cluster side up");
+    const c = cluster;
+    return {
+      work,
+      dist,
+      packages,
+      images,
+      root,
+      cluster: c,
+      async machine(name) {
+        const node = await bootNode({ ...E2E_NODE_OPTIONS, root, name, parentDir: work });
+        nodes.push(node);
+        await prepareMachine(node);
+        return node;
+      },
+      stop,
+    };
+  } catch (err) {
+    failed = true;
+    await stop();
+    (err as Error).message += `\n(work dir kept: ${work})`;
+    throw err;
+  }
+}
+
+/**
+ * What the machine's operator has set up: its own name resolves (Debian's installer writes
+ * 127.0.1.1 <hostname>; without it the kubelet's node address lookup waits for DNS servers this
+ * node cannot reach, 10 s), and the control plane's name resolves to this node's host.
+ */
+export async function prepareMachine(node: NspawnNode): Promise<void> {
+  await node.mustExec([
+    "sh",
+    "-c",
+    'printf "%s\\n" "127.0.1.1 $1" "$2 $3" >>/etc/hosts',
+    "sh",
+    node.name,
+    node.hostAddress,
+    CONTROL_PLANE_HOST,
+  ]);
+}
+
+export interface Line {
+  /** ms since the script started. */
+  at: number;
+  text: string;
+}
+
+export interface ScriptRun {
+  exitCode: number;
+  lines: Line[];
+  startedAt: number;
+  endedAt: number;
+  output: string;
+}
+
+/**
+ * Runs a script on the machine as an operator does (copied to /tmp, `bash /tmp/NAME ARGS`),
+ * recording each output line with its time.
+ */
+export async function runScript(
+  node: NspawnNode,
+  name: string,
+  content: string,
+  args: string[] = [],
+  o: { timeoutMs?: number; onLine?: (l: Line) => void } = {},
+): Promise<ScriptRun> {
+  await node.writeFile(`/tmp/${name}`, content, 0o700);
+  const startedAt = Date.now();
+  const lines: Line[] = [];
+  const child: ChildProcess = node.spawn(["bash", `/tmp/${name}`, ...args]);
+  child.stdin?.end();
+  const collect = (stream: NodeJS.ReadableStream | null) => {
+    let rest = "";
+    stream?.on("data", (d: Buffer) => {
+      rest += d.toString("utf8");
+      const parts = rest.split("\n");
+      rest = parts.pop() ?? "";
+      for (const text of parts) {
+        const l = { at: Date.now() - startedAt, text };
+        lines.push(l);
+        o.onLine?.(l);
+      }
+    });
+    stream?.on("end", () => {
+      if (rest) lines.push({ at: Date.now() - startedAt, text: rest });
+    });
+  };
+  collect(child.stdout);
+  collect(child.stderr);
+  const timer = setTimeout(() => child.kill("SIGKILL"), o.timeoutMs ?? 15 * 60_000);
+  const exitCode = await new Promise<number>((resolve) => child.once("close", (code) => resolve(code ?? 128)));
+  clearTimeout(timer);
+  return { exitCode, lines, startedAt, endedAt: Date.now(), output: lines.map((l) => l.text).join("\n") };
+}
+
+export interface KubeNode {
+  metadata: { name: string; labels?: Record<string, string>; annotations?: Record<string, string> };
+  spec?: { taints?: { key: string; effect: string }[]; unschedulable?: boolean };
+  status?: { conditions?: { type: string; status: string }[]; capacity?: Record<string, string> };
+}
+
+/** The Node object, or undefined when there is none. */
+export function getNode(cluster: E2eCluster, name: string): Promise<KubeNode | undefined> {
+  return cluster.cp.admin.request<KubeNode>("GET", `/api/v1/nodes/${name}`).catch((err: unknown) => {
+    if (isNotFound(err)) return undefined;
+    throw err;
+  });
+}
+
+export const isReady = (n?: KubeNode): boolean =>
+  n?.status?.conditions?.some((c) => c.type === "Ready" && c.status === "True") === true;
+
+export interface Join {
+  run: ScriptRun;
+  /** ms from bootstrap.sh's start until the Node was seen Ready (polled every 200 ms); NaN if never. */
+  readyMs: number;
+  node: KubeNode | undefined;
+}
+
+/**
+ * Runs bootstrap.sh on the machine while watching its Node: the join time is bootstrap.sh's
+ * start → the Node seen Ready. Resolves once the script has ended and the Node is Ready (or
+ * the script failed, or the Node did not become Ready in time: then node is undefined).
+ */
+export async function joinMachine(
+  cluster: E2eCluster,
+  machine: NspawnNode,
+  script: string,
+  o: { readyTimeoutMs?: number; onLine?: (l: Line) => void } = {},
+): Promise<Join> {
+  let startedAt = Date.now();
+  let stop = false;
+  const ready = (async () => {
+    const deadline = Date.now() + (o.readyTimeoutMs ?? 300_000);
+    for (;;) {
+      const n = await getNode(cluster, machine.name).catch(() => undefined);
+      if (n && isReady(n)) return { node: n, at: Date.now() };
+      if (stop || Date.now() > deadline) return undefined;
+      await new Promise((r) => setTimeout(r, 200));
+    }
+  })();
+  const run = await runScript(machine, "bootstrap.sh", script, [], {
+    ...(o.onLine ? { onLine: o.onLine } : {}),
+  });
+  startedAt = run.startedAt;
+  if (run.exitCode !== 0) stop = true;
+  const seen = await ready;
+  return seen ? { run, readyMs: seen.at - startedAt, node: seen.node } : { run, readyMs: Number.NaN, node: undefined };
+}
