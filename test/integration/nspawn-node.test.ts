@@ -182,11 +182,7 @@ if (!root) {
     t.not((await node.exec(["test", "-e", "/run/probe"])).exitCode, 0, "/run is new");
     await node.mustExec(["sh", "-c", "echo 1 >/proc/sys/net/ipv4/ip_forward"]);
     t.pass("the options are applied again after the reboot");
-    await node.mustExec([
-      "sh",
-      "-c",
-      "cp /etc/issue /tmp/issue && cat /tmp/issue >/etc/issue && touch /etc/issue",
-    ]);
+    await node.mustExec(["sh", "-c", "cp /etc/issue /tmp/issue && cat /tmp/issue >/etc/issue && touch /etc/issue"]);
     await node.stop();
     const diff = await node.diff();
     const paths = diff.entries.map((e) => `${e.kind} ${e.path}`);
