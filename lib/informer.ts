@@ -10,7 +10,8 @@ import { Backoff } from "./backoff.ts";
 import { sleep } from "./sleep.ts";
 
 export type InformerEvent<T> =
-  | { type: "ADDED" | "MODIFIED" | "DELETED"; object: T }
+  /** `previous`: what the collection held under that key before the event, when anything. */
+  | { type: "ADDED" | "MODIFIED" | "DELETED"; object: T; previous?: T }
   /** The collection was listed afresh (first sync or after a broken watch). */
   | { type: "SYNC" };
 
@@ -37,6 +38,8 @@ export class Informer<T extends KubeObject = KubeObject> {
   readonly objects = new Map<string, T>();
   private readonly o: InformerOptions<T>;
   private readonly abort = new AbortController();
+  /** The running loop's own switch: resync() replaces the loop without stopping the informer. */
+  private loopAbort = new AbortController();
   private readonly backoff: Backoff;
   private syncedOnce = false;
   private lastError: Error | undefined;
@@ -44,6 +47,11 @@ export class Informer<T extends KubeObject = KubeObject> {
   constructor(o: InformerOptions<T>) {
     this.o = o;
     this.backoff = o.backoff ?? new Backoff();
+  }
+
+  /** The collection this informer keeps. */
+  get path(): string {
+    return this.o.path;
   }
 
   get synced(): boolean {
@@ -60,29 +68,50 @@ export class Informer<T extends KubeObject = KubeObject> {
    * background until stop().
    */
   async start(): Promise<void> {
-    const rv = await this.relist();
-    void this.loop(rv);
+    const signal = this.loopSignal();
+    const rv = await this.relist(signal);
+    void this.loop(rv, signal);
   }
 
   /** Like start(), but a failing first list is retried in the background instead of thrown. */
   run(): void {
-    void this.loop(undefined);
+    void this.loop(undefined, this.loopSignal());
+  }
+
+  /**
+   * Lists afresh (a quorum read: at least as new as any write made before the call) and watches
+   * on from there. The old loop stops first, so none of its events, older than the new list, can
+   * land after it. When the list fails the loop goes on retrying in the background and the
+   * failure is thrown.
+   */
+  async resync(): Promise<void> {
+    this.loopAbort.abort();
+    this.loopAbort = new AbortController();
+    const signal = this.loopSignal();
+    let rv: string | undefined;
+    try {
+      rv = await this.relist(signal);
+    } finally {
+      if (!signal.aborted) void this.loop(rv, signal);
+    }
   }
 
   stop(): void {
     this.abort.abort();
   }
 
-  private get signal(): AbortSignal {
-    return this.abort.signal;
+  private loopSignal(): AbortSignal {
+    return AbortSignal.any([this.abort.signal, this.loopAbort.signal]);
   }
 
-  private async relist(): Promise<string> {
+  private async relist(signal: AbortSignal): Promise<string> {
     const l = await list<T>(this.o.client, this.o.path, {
       fieldSelector: this.o.fieldSelector,
       labelSelector: this.o.labelSelector,
-      signal: this.signal,
+      signal,
     });
+    // A resync() replaced this loop while the list was on its way: its result is older.
+    if (signal.aborted) throw new Error("relist superseded");
     this.objects.clear();
     for (const item of l.items) this.objects.set(keyOf(item), this.o.trim ? this.o.trim(item) : item);
     this.syncedOnce = true;
@@ -91,11 +120,11 @@ export class Informer<T extends KubeObject = KubeObject> {
     return l.metadata.resourceVersion;
   }
 
-  private async loop(startRv: string | undefined): Promise<void> {
+  private async loop(startRv: string | undefined, signal: AbortSignal): Promise<void> {
     let rv = startRv;
-    while (!this.signal.aborted) {
+    while (!signal.aborted) {
       try {
-        if (rv === undefined) rv = await this.relist();
+        if (rv === undefined) rv = await this.relist(signal);
         for await (const ev of this.o.client.watch<T>(this.o.path, {
           resourceVersion: rv,
           allowWatchBookmarks: true,
@@ -103,24 +132,27 @@ export class Informer<T extends KubeObject = KubeObject> {
           fieldSelector: this.o.fieldSelector,
           labelSelector: this.o.labelSelector,
           idleTimeoutMs: ((this.o.watchSeconds ?? 300) + 30) * 1000,
-          signal: this.signal,
+          signal,
         })) {
+          if (signal.aborted) return;
           this.backoff.reset();
           this.lastError = undefined;
           rv = ev.object.metadata?.resourceVersion ?? rv;
           if (ev.type === "BOOKMARK") continue;
           const obj = this.o.trim ? this.o.trim(ev.object) : ev.object;
-          if (ev.type === "DELETED") this.objects.delete(keyOf(obj));
-          else this.objects.set(keyOf(obj), obj);
-          this.o.onEvent?.({ type: ev.type, object: obj });
+          const key = keyOf(obj);
+          const previous = this.objects.get(key);
+          if (ev.type === "DELETED") this.objects.delete(key);
+          else this.objects.set(key, obj);
+          this.o.onEvent?.(previous ? { type: ev.type, object: obj, previous } : { type: ev.type, object: obj });
         }
       } catch (err) {
-        if (this.signal.aborted) return;
+        if (signal.aborted) return;
         this.lastError = err as Error;
         if (!isGone(err))
           this.o.log.warn({ path: this.o.path, err: (err as Error).message }, "watch failed; relisting");
         rv = undefined;
-        await sleep(this.backoff.next(), this.signal);
+        await sleep(this.backoff.next(), signal);
       }
     }
   }

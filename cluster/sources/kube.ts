@@ -6,8 +6,9 @@
 // with a short cache.
 import { parse } from "yaml";
 import type { KubeClient } from "../../lib/kube/client.ts";
-import { getNode, list, type KubeObject } from "../../lib/kube/api.ts";
-import { isGone, isNotFound } from "../../lib/kube/errors.ts";
+import { getNode, type KubeObject } from "../../lib/kube/api.ts";
+import { isNotFound } from "../../lib/kube/errors.ts";
+import { Informer, type InformerEvent } from "../../lib/informer.ts";
 import type { Logger } from "../../lib/log/log.ts";
 import type {
   ClusterContext,
@@ -27,119 +28,6 @@ const CONTEXT_SOURCES = [
   { secret: SECRETS.context, key: SECRETS.contextKey },
   { secret: SECRETS.legacyContext, key: SECRETS.legacyContextKey },
 ] as const;
-
-/** One collection kept current by list + watch; relists on 410 Gone or a broken watch. */
-class Informer {
-  readonly objects = new Map<string, KubeObject>();
-  synced = false;
-  private readonly client: KubeClient;
-  private readonly path: string;
-  private readonly fieldSelector: string | undefined;
-  private readonly onChange: () => void;
-  private readonly log: Logger;
-  private readonly abort = new AbortController();
-  /** The running list + watch loop's own switch; resync() replaces the loop. */
-  private loopAbort = new AbortController();
-
-  constructor(client: KubeClient, path: string, onChange: () => void, log: Logger, fieldSelector?: string) {
-    this.client = client;
-    this.path = path;
-    this.onChange = onChange;
-    this.log = log;
-    this.fieldSelector = fieldSelector;
-  }
-
-  /** Resolves after the first list; keeps watching in the background until stop(). */
-  async start(): Promise<void> {
-    let rv: string;
-    try {
-      rv = await this.relist(this.loopAbort.signal);
-    } catch (err) {
-      if (isNotFound(err) && this.path.includes("deckhouse.io")) {
-        throw new Error(
-          `${this.path} is not served: install the CRDs (bashible server --install-crds, or kubectl apply -f cluster/crds/)`,
-          { cause: err },
-        );
-      }
-      throw err;
-    }
-    void this.loop(rv, this.loopAbort.signal);
-  }
-
-  /**
-   * Lists afresh (a quorum read: at least as new as any write made before the call) and
-   * watches on from there. The old loop is stopped first, so none of its events, older than
-   * the new list, can land after it.
-   */
-  async resync(): Promise<void> {
-    this.loopAbort.abort();
-    this.loopAbort = new AbortController();
-    const signal = AbortSignal.any([this.abort.signal, this.loopAbort.signal]);
-    const rv = await this.relist(signal);
-    void this.loop(rv, signal);
-  }
-
-  private async relist(signal: AbortSignal): Promise<string> {
-    const l = await list(this.client, this.path, { fieldSelector: this.fieldSelector, signal });
-    if (signal.aborted) throw new Error("relist superseded");
-    this.objects.clear();
-    for (const o of l.items) this.objects.set(o.metadata.name, o);
-    this.synced = true;
-    this.onChange();
-    return l.metadata.resourceVersion;
-  }
-
-  private async loop(startRv: string, loopSignal: AbortSignal): Promise<void> {
-    const signal = AbortSignal.any([this.abort.signal, loopSignal]);
-    let rv = startRv;
-    let failures = 0;
-    while (!signal.aborted) {
-      try {
-        for await (const ev of this.client.watch<KubeObject>(this.path, {
-          resourceVersion: rv,
-          allowWatchBookmarks: true,
-          timeoutSeconds: 300,
-          fieldSelector: this.fieldSelector,
-          idleTimeoutMs: 330_000,
-          signal,
-        })) {
-          if (signal.aborted) return;
-          failures = 0;
-          rv = ev.object.metadata?.resourceVersion ?? rv;
-          if (ev.type === "BOOKMARK") continue;
-          const before = this.objects.get(ev.object.metadata.name);
-          if (ev.type === "DELETED") this.objects.delete(ev.object.metadata.name);
-          else this.objects.set(ev.object.metadata.name, ev.object);
-          // A status write (the controllers' NodeGroup status) leaves generation alone and
-          // changes nothing that renders.
-          const generation = (o: KubeObject | undefined) => o?.metadata.generation;
-          if (
-            ev.type === "MODIFIED" &&
-            generation(before) !== undefined &&
-            generation(before) === generation(ev.object)
-          )
-            continue;
-          this.onChange();
-        }
-      } catch (err) {
-        if (signal.aborted) return;
-        failures++;
-        if (!isGone(err)) this.log.warn({ path: this.path, err: (err as Error).message }, "watch failed; relisting");
-        await new Promise((r) => setTimeout(r, Math.min(30_000, 250 * 2 ** Math.min(failures, 7))));
-        try {
-          rv = await this.relist(signal);
-        } catch (e) {
-          if (signal.aborted) return;
-          this.log.warn({ path: this.path, err: (e as Error).message }, "relist failed");
-        }
-      }
-    }
-  }
-
-  stop(): void {
-    this.abort.abort();
-  }
-}
 
 export class KubeSource implements Source {
   private readonly client: KubeClient;
@@ -164,7 +52,15 @@ export class KubeSource implements Source {
   }
 
   async start(onChange: () => void): Promise<void> {
-    const mk = (path: string, field?: string) => new Informer(this.client, path, onChange, this.log, field);
+    const onEvent = (ev: InformerEvent<KubeObject>) => {
+      // A status write (the controllers' NodeGroup status) leaves generation alone and changes
+      // nothing that renders.
+      const generation = ev.type === "MODIFIED" ? ev.previous?.metadata.generation : undefined;
+      if (ev.type === "MODIFIED" && generation !== undefined && generation === ev.object.metadata.generation) return;
+      onChange();
+    };
+    const mk = (path: string, fieldSelector?: string) =>
+      new Informer({ client: this.client, path, log: this.log, onEvent, ...(fieldSelector ? { fieldSelector } : {}) });
     this.nodeGroups = mk("/apis/deckhouse.io/v1/nodegroups");
     this.configurations = mk("/apis/deckhouse.io/v1alpha1/nodegroupconfigurations");
     this.users = mk("/apis/deckhouse.io/v1/nodeusers");
@@ -172,13 +68,29 @@ export class KubeSource implements Source {
       mk(`/api/v1/namespaces/${this.namespace}/secrets`, `metadata.name=${c.secret}`),
     );
     this.informers = [this.nodeGroups, this.configurations, this.users, ...this.contextSecrets];
-    await Promise.all(this.informers.map((i) => i.start()));
+    await Promise.all(
+      this.informers.map(async (i, n) => {
+        try {
+          await i.start();
+        } catch (err) {
+          if (isNotFound(err) && n < 3) {
+            throw new Error(
+              `${i.path} is not served: install the CRDs (bashible server --install-crds, or kubectl apply -f cluster/crds/)`,
+              { cause: err },
+            );
+          }
+          throw err;
+        }
+      }),
+    );
   }
 
   private context(): ClusterContext | undefined {
     let found: { secret: string; key: string; raw: string } | undefined;
     CONTEXT_SOURCES.forEach((c, i) => {
-      const raw = (this.contextSecrets[i]?.objects.get(c.secret)?.data as Record<string, string> | undefined)?.[c.key];
+      const raw = (
+        this.contextSecrets[i]?.objects.get(`${this.namespace}/${c.secret}`)?.data as Record<string, string> | undefined
+      )?.[c.key];
       if (raw && !found) found = { ...c, raw };
     });
     if (!found) return undefined;
