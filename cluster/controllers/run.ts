@@ -6,6 +6,7 @@ import type { Logger } from "../../lib/log/log.ts";
 import { LEASES, whileLeading, type Leadership, type LeaseTiming } from "../leadership.ts";
 import { UpdateController, type UpdateControllerOptions } from "./controller.ts";
 import { InitializedController } from "./initialized.ts";
+import { KubeletServingApprover } from "./kubelet-serving.ts";
 
 export interface RunControllersOptions extends LeaseTiming {
   client: KubeClient;
@@ -29,13 +30,16 @@ export function runControllers(o: RunControllersOptions): Leadership {
     (signal) => {
       const c = new UpdateController({ ...o.controller, client: o.client, log: o.log, namespace: o.namespace });
       const init = new InitializedController({ client: o.client, log: o.log });
+      const serving = new KubeletServingApprover({ client: o.client, log: o.log });
       c.start();
       init.start();
+      serving.start();
       signal.addEventListener(
         "abort",
         () => {
           c.stop();
           init.stop();
+          serving.stop();
         },
         { once: true },
       );

@@ -248,13 +248,31 @@ t.test(
           new RegExp(`^${POD_SUBNET.split(".").slice(0, 3).join("\\.")}\\.`),
           `its address is from the bridge network ${POD_SUBNET}`,
         );
-        // The kubelet's own log of the container (kubectl logs needs the kubelet's serving
-        // certificate, whose CSR nothing in this cluster approves).
-        const log = await until("the container's log", async () => {
-          const text = await sh("cat /var/log/pods/default_hello_*/hello/0.log 2>/dev/null || true");
-          return text.includes("hello from hello") && text;
-        });
-        t.match(log, "hello from hello", "the container ran its command");
+        // Through the API server, as an operator reads it: the API server reaches the kubelet
+        // and verifies its serving certificate (approved by the bundle server's approver,
+        // signed by kube-controller-manager).
+        const log = await until(
+          "kubectl logs",
+          async () => {
+            const text = await cp.kubectl(["logs", "hello"]);
+            return text.includes("hello from hello") && text;
+          },
+          60_000,
+        );
+        t.match(log, "hello from hello", "kubectl logs: the container ran its command");
+        t.match(await cp.kubectl(["exec", "hello", "--", "cat", "/proc/1/cmdline"]), "sleep", "kubectl exec");
+        const serving = await cp.admin.request<{
+          items: { spec: { username: string; signerName: string }; status: { conditions?: { type: string }[] } }[];
+        }>("GET", "/apis/certificates.k8s.io/v1/certificatesigningrequests");
+        t.ok(
+          serving.items.some(
+            (c) =>
+              c.spec.signerName === "kubernetes.io/kubelet-serving" &&
+              c.spec.username === `system:node:${name}` &&
+              c.status.conditions?.some((x) => x.type === "Approved"),
+          ),
+          "the kubelet's serving CSR was approved",
+        );
       },
     );
 

@@ -156,6 +156,12 @@ export interface StartOptions {
    * (system:nodes) have their renewals auto-approved (kube-controller-manager's csrapproving).
    */
   kubeletBootstrapRbac?: boolean;
+  /**
+   * The API server verifies kubelets' serving certificates against the cluster CA
+   * (`--kubelet-certificate-authority`), as production clusters do: `kubectl logs`/`exec` then
+   * work only for a kubelet whose serving CSR was approved and signed.
+   */
+  verifyKubeletServing?: boolean;
 }
 
 /** kubeadm's bindings for kubelet TLS bootstrap (its "bootstrap-token" phase), as one YAML stream. */
@@ -200,7 +206,7 @@ export async function startControlPlane(opts: StartOptions = {}): Promise<Contro
       createCA(pki, "front-proxy-ca", "front-proxy-ca"),
       createKeyPair(pki, "sa"),
     ]);
-    const [serving, adminCert, frontProxyClient] = await Promise.all([
+    const [serving, adminCert, frontProxyClient, kubeletClient] = await Promise.all([
       issueCert(pki, "apiserver", ca, {
         cn: "kube-apiserver",
         dnsNames: [
@@ -214,6 +220,12 @@ export async function startControlPlane(opts: StartOptions = {}): Promise<Contro
       }),
       issueCert(pki, "admin", ca, { cn: "kubernetes-admin", orgs: ["system:masters"], client: true }),
       issueCert(pki, "front-proxy-client", frontProxyCA, { cn: "front-proxy-client", client: true }),
+      // What the API server shows kubelets (logs, exec): kubeadm's identity for it.
+      issueCert(pki, "apiserver-kubelet-client", ca, {
+        cn: "kube-apiserver-kubelet-client",
+        orgs: ["system:masters"],
+        client: true,
+      }),
     ]);
 
     const [etcdClientPort, etcdPeerPort, apiPort] = await Promise.all([freePort(), freePort(), freePort()]);
@@ -271,6 +283,12 @@ export async function startControlPlane(opts: StartOptions = {}): Promise<Contro
           // bundle server is reached through an ExternalName Service "localhost", which
           // endpoint routing refuses (and Endpoints refuse loopback IPs).
           "--enable-aggregator-routing=false",
+          // Kubelets as kubeadm has the API server reach them: by address (node names need not
+          // resolve here), with a client certificate their webhook authorization accepts.
+          `--kubelet-client-certificate=${kubeletClient.cert}`,
+          `--kubelet-client-key=${kubeletClient.key}`,
+          "--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname",
+          ...(opts.verifyKubeletServing ? [`--kubelet-certificate-authority=${ca.cert}`] : []),
           "--v=1",
           ...(opts.extraApiserverArgs ?? []),
         ],

@@ -155,6 +155,9 @@ export async function startE2eCluster(o: {
       serverNames: [CONTROL_PLANE_HOST],
       controllerManager: true,
       kubeletBootstrapRbac: true,
+      // The kubelet's serving certificate is verified, as a production cluster does: `kubectl
+      // logs` works only once the approver approved it and kube-controller-manager signed it.
+      verifyKubeletServing: true,
     });
     stops.push(() => cp.stop());
     const apply = async (obj: unknown) => {
