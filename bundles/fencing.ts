@@ -30,6 +30,13 @@ export interface AgentTimings {
   peerTimeoutMs: number;
   /** Consecutive bad verdicts before petting stops (one failed request never fences). */
   badRounds: number;
+  /**
+   * A check counts as bad once the kubelet, having renewed its Lease since this boot, has not
+   * renewed it for longer than this (as the API shows it): the cluster side frees a node's
+   * pods on the Lease's age alone, whatever the reason (a dead kubelet, an expired certificate),
+   * so the node must be down before that. 0 turns the rule off.
+   */
+  kubeletStaleMs: number;
 }
 
 export const DEFAULT_AGENT_TIMINGS: AgentTimings = {
@@ -38,6 +45,7 @@ export const DEFAULT_AGENT_TIMINGS: AgentTimings = {
   apiTimeoutMs: 4_000,
   peerTimeoutMs: 3_000,
   badRounds: 3,
+  kubeletStaleMs: 20_000,
 };
 
 /** softdog's soft_margin as the agent sets it up. */
@@ -53,6 +61,15 @@ export const roundMs = (t: AgentTimings) => Math.max(t.checkIntervalMs, t.apiTim
  */
 export const detectionWindowMs = (t: AgentTimings) => t.checkIntervalMs + t.badRounds * roundMs(t);
 
+/**
+ * Oldest the kubelet's Lease can be at the last pet when the kubelet stopped renewing it: the
+ * first check that sees it older than `kubeletStaleMs`, then the remaining bad rounds (the API
+ * answers on this path, so a round is a check interval, or the API deadline when longer).
+ * Defaults: 20 + 3 × 5 = 35 s. Undefined when the rule is off.
+ */
+export const kubeletWindowMs = (t: AgentTimings) =>
+  t.kubeletStaleMs > 0 ? t.kubeletStaleMs + t.badRounds * Math.max(t.checkIntervalMs, t.apiTimeoutMs) : undefined;
+
 /** Pets stop when the last verdict is older than this (a hung check loop lets the device fire). */
 export const verdictMaxAgeMs = (t: AgentTimings) => 2 * roundMs(t) + t.checkIntervalMs;
 
@@ -61,6 +78,8 @@ export interface ControllerTimings {
   thresholdSeconds: number;
   watchdogTimeoutSeconds: number;
   detectionWindowSeconds: number;
+  /** A node's kubelet window (`kubeletWindowMs`), when it states one: the same rule applies to it. */
+  kubeletWindowSeconds?: number;
   marginSeconds: number;
 }
 
@@ -68,31 +87,51 @@ export const DEFAULT_CONTROLLER_TIMINGS: ControllerTimings = {
   thresholdSeconds: 120,
   watchdogTimeoutSeconds: DEFAULT_WATCHDOG_TIMEOUT_SECONDS,
   detectionWindowSeconds: Math.ceil(detectionWindowMs(DEFAULT_AGENT_TIMINGS) / 1000),
+  kubeletWindowSeconds: Math.ceil((kubeletWindowMs(DEFAULT_AGENT_TIMINGS) ?? 0) / 1000),
   marginSeconds: 20,
 };
 
 /** Why these timings are unsafe, naming the numbers; undefined when they are safe. */
 export function unsafeTimings(t: ControllerTimings): string | undefined {
   for (const [k, v] of Object.entries(t))
-    if (!Number.isFinite(v) || v < 0) return `fencing timing ${k} must be a non-negative number, got ${v}`;
-  const floor = t.watchdogTimeoutSeconds + t.detectionWindowSeconds + t.marginSeconds;
-  if (t.thresholdSeconds > floor) return undefined;
-  return (
-    `fencing threshold ${t.thresholdSeconds} s is not greater than watchdog timeout ${t.watchdogTimeoutSeconds} s` +
-    ` + detection window ${t.detectionWindowSeconds} s + margin ${t.marginSeconds} s = ${floor} s:` +
-    " a node could still run its pods when they are deleted; raise the threshold above" +
-    ` ${floor} s or shorten the watchdog timeout or detection window`
-  );
+    if (v !== undefined && (!Number.isFinite(v) || v < 0))
+      return `fencing timing ${k} must be a non-negative number, got ${v}`;
+  const windows: [string, number][] = [["detection window", t.detectionWindowSeconds]];
+  if (t.kubeletWindowSeconds !== undefined) windows.push(["kubelet window", t.kubeletWindowSeconds]);
+  for (const [what, seconds] of windows) {
+    const floor = t.watchdogTimeoutSeconds + seconds + t.marginSeconds;
+    if (t.thresholdSeconds > floor) continue;
+    return (
+      `fencing threshold ${t.thresholdSeconds} s is not greater than watchdog timeout ${t.watchdogTimeoutSeconds} s` +
+      ` + ${what} ${seconds} s + margin ${t.marginSeconds} s = ${floor} s:` +
+      " a node could still run its pods when they are deleted; raise the threshold above" +
+      ` ${floor} s or shorten the watchdog timeout or ${what}`
+    );
+  }
+  return undefined;
 }
 
-/** The Node annotation where an agent states its own timings (`watchdog=60s,detection=26s`). */
-export function formatAgentTimingsAnnotation(watchdogTimeoutSeconds: number, detectionWindowSeconds: number): string {
-  return `watchdog=${watchdogTimeoutSeconds}s,detection=${detectionWindowSeconds}s`;
+/**
+ * The Node annotation where an agent states its own timings (`watchdog=60s,detection=26s`, and
+ * `,kubelet=35s` when its kubelet rule is on).
+ */
+export function formatAgentTimingsAnnotation(
+  watchdogTimeoutSeconds: number,
+  detectionWindowSeconds: number,
+  kubeletWindowSeconds?: number,
+): string {
+  const kubelet = kubeletWindowSeconds === undefined ? "" : `,kubelet=${kubeletWindowSeconds}s`;
+  return `watchdog=${watchdogTimeoutSeconds}s,detection=${detectionWindowSeconds}s${kubelet}`;
 }
 
 export function parseAgentTimingsAnnotation(
   s: string | undefined,
-): { watchdogTimeoutSeconds: number; detectionWindowSeconds: number } | undefined {
-  const m = /^watchdog=(\d+)s,detection=(\d+)s$/.exec(s ?? "");
-  return m ? { watchdogTimeoutSeconds: Number(m[1]), detectionWindowSeconds: Number(m[2]) } : undefined;
+): { watchdogTimeoutSeconds: number; detectionWindowSeconds: number; kubeletWindowSeconds?: number } | undefined {
+  const m = /^watchdog=(\d+)s,detection=(\d+)s(?:,kubelet=(\d+)s)?$/.exec(s ?? "");
+  if (!m) return undefined;
+  return {
+    watchdogTimeoutSeconds: Number(m[1]),
+    detectionWindowSeconds: Number(m[2]),
+    ...(m[3] === undefined ? {} : { kubeletWindowSeconds: Number(m[3]) }),
+  };
 }

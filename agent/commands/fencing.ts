@@ -31,7 +31,7 @@ export function formatFencingStatus(s: FencingStatus, alive: boolean, now = Date
     `watchdog:         ${wd?.timeoutSeconds !== undefined ? `timeout ${wd.timeoutSeconds} s` : "timeout not readable (softdog soft_margin applies)"}${wd?.timeLeftSeconds !== undefined ? `, ${wd.timeLeftSeconds} s left` : ""}${wd?.identity ? `, ${wd.identity}` : ""}${wd ? ` [${wd.source}]` : ""}`,
   );
   l.push(
-    `timings:          pet every ${t.petIntervalMs / 1000} s, check every ${t.checkIntervalMs / 1000} s (API deadline ${t.apiTimeoutMs / 1000} s, peers ${t.peerTimeoutMs / 1000} s), ${t.badRounds} bad rounds stop the pets; detection window ${s.detectionWindowMs / 1000} s`,
+    `timings:          pet every ${t.petIntervalMs / 1000} s, check every ${t.checkIntervalMs / 1000} s (API deadline ${t.apiTimeoutMs / 1000} s, peers ${t.peerTimeoutMs / 1000} s), ${t.badRounds} bad rounds stop the pets; detection window ${s.detectionWindowMs / 1000} s${t.kubeletStaleMs > 0 ? `; kubelet Lease limit ${t.kubeletStaleMs / 1000} s (${s.kubeletSeenAlive ? "watching" : "not yet renewed since boot"})` : "; kubelet rule off"}`,
   );
   l.push(`maintenance:      ${s.maintenance ? `fencing stands down (${s.maintenance})` : "no"}`);
   l.push(`label:            ${s.labelled ? "node-manager.deckhouse.io/fencing-enabled set" : "not set"}`);

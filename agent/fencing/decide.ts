@@ -16,6 +16,8 @@ export type VerdictKind =
   | "inconclusive"
   /** Peers reach the API; this node does not. */
   | "cut-off"
+  /** The API answers, but the kubelet stopped renewing its Lease: the cluster will free the pods. */
+  | "kubelet-stale"
   /** Neither the API nor any peer answered. */
   | "isolated";
 
@@ -30,10 +32,43 @@ export interface Verdict {
 export interface DecideOptions {
   /** With no peer to ask, stop petting on API loss alone (default: keep petting). */
   fenceWithoutPeers: boolean;
+  /** Kubelet Lease age (seconds) past which a reachable API is a bad verdict; undefined: off. */
+  kubeletStaleSeconds?: number;
+  /**
+   * The kubelet renewed its Lease since this boot. Until then an old Lease is the one from before
+   * the reboot: no container of this boot can be running without a kubelet that renewed it.
+   */
+  kubeletSeenAlive?: boolean;
+  /**
+   * How long this node has reached the API without a break. A kubelet cannot renew while the
+   * API is away, so after an outage its Lease is old on every node at once: its age counts from
+   * when the API came back (as the cluster side restarts its count after a gap in its watch).
+   */
+  apiReachableForSeconds?: number;
 }
 
 export function decide(api: ApiCheck, peers: PeerAnswer[] | undefined, knownPeers: number, o: DecideOptions): Verdict {
   if (api.reached) {
+    const age =
+      api.kubeletLeaseAgeSeconds === undefined
+        ? undefined
+        : Math.min(api.kubeletLeaseAgeSeconds, o.apiReachableForSeconds ?? Number.POSITIVE_INFINITY);
+    if (
+      api.result === "ok" &&
+      o.kubeletSeenAlive &&
+      o.kubeletStaleSeconds !== undefined &&
+      age !== undefined &&
+      age > o.kubeletStaleSeconds
+    ) {
+      return {
+        healthy: false,
+        kind: "kubelet-stale",
+        reason:
+          `API answered, but the kubelet has not renewed its Lease for ${api.kubeletLeaseAgeSeconds} s` +
+          ` (${Math.round(age)} s while the API answered; limit ${o.kubeletStaleSeconds} s):` +
+          " the cluster frees this node's pods on that age alone, so the node must be down first",
+      };
+    }
     const reason =
       api.result === "auth"
         ? `API answered ${api.detail ?? "401/403"}: connected (credentials need a reload, which is not isolation)`

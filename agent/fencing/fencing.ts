@@ -12,6 +12,7 @@ import https from "node:https";
 import path from "node:path";
 import type { KubeClient } from "../../lib/kube/client.ts";
 import { getNode, patchNode, type KubeObject } from "../../lib/kube/api.ts";
+import { uptime } from "node:os";
 import { Informer } from "../../lib/informer.ts";
 import type { Logger } from "../../lib/log/log.ts";
 import type { Counter, Gauge, Histogram, Registry } from "../../lib/prometheus.ts";
@@ -23,6 +24,7 @@ import {
   DEFAULT_WATCHDOG_TIMEOUT_SECONDS,
   detectionWindowMs,
   formatAgentTimingsAnnotation,
+  kubeletWindowMs,
   maintenanceOf,
   verdictMaxAgeMs,
 } from "../../bundles/fencing.ts";
@@ -92,6 +94,10 @@ export interface FencingStatus {
   lastPeers?: PeerAnswer[];
   verdict?: Verdict & { at: string };
   badRounds: number;
+  /** The kubelet renewed its Lease since this boot (the kubelet rule applies from then on). */
+  kubeletSeenAlive?: boolean;
+  /** Since when the API has answered every check (continued across a quick restart). */
+  apiReachableSince?: string;
   /** Why the device is not armed although the mode asks for it. */
   problem?: string;
   updatedAt: string;
@@ -167,6 +173,9 @@ export class Fencing {
   private lastPeers: PeerAnswer[] | undefined;
   private verdict: (Verdict & { at: number }) | undefined;
   private badRounds = 0;
+  private kubeletSeenAlive = false;
+  /** Since when the API has answered every check (this.now()); undefined while it does not. */
+  private apiReachableSince: number | undefined;
   private fencingNow = false;
   private lastPetAt: number | undefined;
   private lastPetHr: bigint | undefined;
@@ -238,6 +247,8 @@ export class Fencing {
       lastPeers: this.lastPeers,
       verdict: this.verdict ? { ...this.verdict, at: iso(this.verdict.at) ?? "" } : undefined,
       badRounds: this.badRounds,
+      kubeletSeenAlive: this.kubeletSeenAlive,
+      apiReachableSince: iso(this.apiReachableSince),
       problem: this.problem,
       updatedAt: new Date(this.now()).toISOString(),
     };
@@ -246,7 +257,9 @@ export class Fencing {
   // ---- lifecycle -------------------------------------------------------------------------
 
   private async startup(cfg: FencingConfig): Promise<void> {
-    const [previous, peers] = await this.readPreviousStatus(cfg);
+    const [previous, peers, kubeletSeenAlive] = await this.readPreviousStatus(cfg);
+    // The status lives in /run: what it says about the kubelet is about this boot, however old.
+    this.kubeletSeenAlive ||= kubeletSeenAlive;
     // The last Node list seen, until the API gives a new one: a restart while the API is out of
     // reach must still have peers to ask (with none, a node would be kept as a lone node).
     if (this.nodes.size === 0)
@@ -270,6 +283,9 @@ export class Fencing {
       // Continue counting bad rounds across a restart, so a crash loop cannot postpone a fence.
       this.badRounds = previous.badRounds;
     }
+    // Likewise the time the API has answered since: a restart is not an outage.
+    const since = previous?.apiReachableSince ? Date.parse(previous.apiReachableSince) : Number.NaN;
+    if (Number.isFinite(since)) this.apiReachableSince = since;
     const abort = new AbortController();
     this.running = { abort, loop: Promise.resolve() };
     this.log.info(
@@ -473,7 +489,25 @@ export class Fencing {
     }
     if (signal.aborted) return;
     this.lastPeers = answers;
-    const v = decide(api, answers, peers.length, { fenceWithoutPeers: this.o.fenceWithoutPeers ?? false });
+    const staleSeconds = this.t.kubeletStaleMs > 0 ? this.t.kubeletStaleMs / 1000 : undefined;
+    const age = api.result === "ok" ? api.kubeletLeaseAgeSeconds : undefined;
+    // Renewed since this boot (a fast reboot leaves a Lease young enough to pass for alive).
+    const sinceBoot = (api.kubeletLeaseRenewedAt ?? 0) > Date.now() - uptime() * 1000;
+    if (staleSeconds !== undefined && age !== undefined && age <= staleSeconds && sinceBoot && !this.kubeletSeenAlive) {
+      this.kubeletSeenAlive = true;
+      this.log.info(
+        { kubeletLeaseAgeSeconds: age },
+        "the kubelet renews its Lease: fencing also watches it from now on",
+      );
+    }
+    if (!api.reached) this.apiReachableSince = undefined;
+    else this.apiReachableSince ??= api.at;
+    const v = decide(api, answers, peers.length, {
+      apiReachableForSeconds: api.reached ? (this.now() - (this.apiReachableSince ?? this.now())) / 1000 : 0,
+      fenceWithoutPeers: this.o.fenceWithoutPeers ?? false,
+      kubeletStaleSeconds: staleSeconds,
+      kubeletSeenAlive: this.kubeletSeenAlive,
+    });
     this.verdict = { ...v, at: this.now() };
     this.m.verdicts.inc({ kind: v.kind });
     this.badRounds = v.neutral ? this.badRounds : v.healthy ? 0 : this.badRounds + 1;
@@ -494,7 +528,9 @@ export class Fencing {
           peers: answers,
           lastPetAt: this.lastPetAt ? new Date(this.lastPetAt).toISOString() : undefined,
         },
-        "stopped petting: this node is not part of the cluster; the watchdog fires unless it recovers",
+        v.kind === "kubelet-stale"
+          ? "stopped petting: the kubelet stopped renewing its Lease and the cluster will free this node's pods; the watchdog fires unless the kubelet recovers"
+          : "stopped petting: this node is not part of the cluster; the watchdog fires unless it recovers",
       );
       await this.writeStatus();
     }
@@ -566,9 +602,11 @@ export class Fencing {
   }
 
   private timingsAnnotation(): string {
+    const kubelet = kubeletWindowMs(this.t);
     return formatAgentTimingsAnnotation(
       this.info?.timeoutSeconds ?? this.o.watchdogTimeoutSeconds ?? DEFAULT_WATCHDOG_TIMEOUT_SECONDS,
       Math.ceil(detectionWindowMs(this.t) / 1000),
+      kubelet === undefined ? undefined : Math.ceil(kubelet / 1000),
     );
   }
 
@@ -738,18 +776,20 @@ export class Fencing {
   // ---- state on disk ---------------------------------------------------------------------
 
   /** The previous agent's status when it is recent enough to continue from, and its peer list in any case. */
-  private async readPreviousStatus(cfg: FencingConfig): Promise<[FencingStatus | undefined, Peer[]]> {
+  private async readPreviousStatus(cfg: FencingConfig): Promise<[FencingStatus | undefined, Peer[], boolean]> {
     let s: FencingStatus;
     try {
       s = JSON.parse(await readFile(path.join(this.o.root, PATHS.fencingStatus), "utf8")) as FencingStatus;
     } catch {
-      return [undefined, []];
+      return [undefined, [], false];
     }
-    if (s.node !== this.o.nodeName || s.nodeGroup !== cfg.nodeGroup) return [undefined, []];
+    if (s.node !== this.o.nodeName) return [undefined, [], false];
+    const kubeletSeenAlive = s.kubeletSeenAlive === true;
+    if (s.nodeGroup !== cfg.nodeGroup) return [undefined, [], kubeletSeenAlive];
     const peers = Array.isArray(s.peers) ? s.peers : [];
     // A status older than one detection window says nothing about now.
     const recent = this.now() - Date.parse(s.updatedAt) <= detectionWindowMs(this.t) + this.t.checkIntervalMs;
-    return [recent ? s : undefined, peers];
+    return [recent ? s : undefined, peers, kubeletSeenAlive];
   }
 
   private async writeStatus(): Promise<void> {

@@ -33,6 +33,8 @@ export interface ApiCheck {
   detail?: string;
   /** Seconds since the kubelet last renewed this node's Lease (when read). */
   kubeletLeaseAgeSeconds?: number;
+  /** When the kubelet last renewed it (epoch ms, the kubelet's clock: this machine's). */
+  kubeletLeaseRenewedAt?: number;
 }
 
 /** Whether an answer shows the node is connected to a working API server. */
@@ -79,7 +81,7 @@ export async function checkApi(
       at,
       durationMs: done - at,
       ...(Number.isFinite(renew)
-        ? { kubeletLeaseAgeSeconds: Math.max(0, Math.round((Date.now() - renew) / 1000)) }
+        ? { kubeletLeaseAgeSeconds: Math.max(0, Math.round((Date.now() - renew) / 1000)), kubeletLeaseRenewedAt: renew }
         : {}),
     };
   } catch (err) {

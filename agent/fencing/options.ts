@@ -4,7 +4,7 @@ import type { Logger } from "../../lib/log/log.ts";
 import type { KubeClient } from "../../lib/kube/client.ts";
 import { UsageError, type OptionSpec, type ParsedValues } from "../../lib/cli.ts";
 import { Registry } from "../../lib/prometheus.ts";
-import { type AgentTimings, DEFAULT_AGENT_TIMINGS, detectionWindowMs } from "../../bundles/fencing.ts";
+import { type AgentTimings, DEFAULT_AGENT_TIMINGS, detectionWindowMs, kubeletWindowMs } from "../../bundles/fencing.ts";
 import type { Fencing, FencingConfig } from "./fencing.ts";
 import type { PeerTls } from "./peers.ts";
 import { followAppliedFencingConfig } from "./config-source.ts";
@@ -24,10 +24,13 @@ export const FENCING_HELP = `Fencing (when the node group has spec.fencing.mode 
       --fencing-port N        port the agents of a group ask each other on (default 4227)
       --fencing-address IP    this node's address for that endpoint: listen on it and ask
                               from it (default: listen on all addresses)
-      --fencing-timings LIST  seconds: pet=${d.petIntervalMs / 1000},check=${d.checkIntervalMs / 1000},api=${d.apiTimeoutMs / 1000},peer=${d.peerTimeoutMs / 1000},rounds=${d.badRounds}
+      --fencing-timings LIST  seconds: pet=${d.petIntervalMs / 1000},check=${d.checkIntervalMs / 1000},api=${d.apiTimeoutMs / 1000},peer=${d.peerTimeoutMs / 1000},rounds=${d.badRounds},kubelet=${d.kubeletStaleMs / 1000}
                               (detection window = check + rounds x max(check, api + peer)
                               = ${detectionWindowMs(d) / 1000} s by default; the cluster's threshold must exceed it
-                              + the watchdog timeout + a margin)
+                              + the watchdog timeout + a margin. kubelet: a kubelet Lease older
+                              than this is a bad check once the kubelet renewed it since boot;
+                              kubelet window = kubelet + rounds x max(check, api) = ${(kubeletWindowMs(d) ?? 0) / 1000} s,
+                              which the threshold must exceed the same way; kubelet=0: off)
       --fencing-without-peers in a group with no other fencing node, stop petting when the
                               API is lost (default: keep the node)`;
 
@@ -37,6 +40,7 @@ const KEYS: Record<string, keyof AgentTimings> = {
   api: "apiTimeoutMs",
   peer: "peerTimeoutMs",
   rounds: "badRounds",
+  kubelet: "kubeletStaleMs",
 };
 
 export function parseTimings(s: string | undefined): Partial<AgentTimings> {
@@ -45,8 +49,11 @@ export function parseTimings(s: string | undefined): Partial<AgentTimings> {
     const [k, v] = part.split("=");
     const key = KEYS[k?.trim() ?? ""];
     const n = Number(v);
-    if (!key || !Number.isFinite(n) || n <= 0)
-      throw new UsageError(`--fencing-timings: '${part}' is not one of pet|check|api|peer|rounds=<positive number>`);
+    // kubelet=0 turns the kubelet rule off; every other timing must be positive.
+    if (!key || !Number.isFinite(n) || n < 0 || (n === 0 && key !== "kubeletStaleMs"))
+      throw new UsageError(
+        `--fencing-timings: '${part}' is not one of pet|check|api|peer|rounds|kubelet=<positive number> (kubelet=0: off)`,
+      );
     out[key] = key === "badRounds" ? Math.round(n) : Math.round(n * 1000);
   }
   return out;

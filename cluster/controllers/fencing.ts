@@ -163,7 +163,8 @@ export class FencingController {
     const ageText = `kubelet Lease not renewed for ${Math.round(age)} s (threshold ${t.thresholdSeconds} s)`;
     const own = parseAgentTimingsAnnotation(annotations[NODE_KEYS.fencingTimings]);
     if (own) {
-      const why = unsafeTimings({ ...t, ...own });
+      // The node's own windows, exactly: one without the kubelet rule states no kubelet window.
+      const why = unsafeTimings({ ...t, ...own, kubeletWindowSeconds: own.kubeletWindowSeconds });
       if (why) {
         await this.report(node, "refused", EVENTS.fencingRefused, `${ageText}; not fencing: the node's own ${why}`);
         return;
@@ -287,6 +288,7 @@ export const FENCING_CONTROLLER_OPTIONS = {
   "fencing-threshold": { type: "string" },
   "fencing-watchdog-timeout": { type: "string" },
   "fencing-detection-window": { type: "string" },
+  "fencing-kubelet-window": { type: "string" },
   "fencing-margin": { type: "string" },
   "no-fencing-controller": { type: "boolean" },
 } as const;
@@ -296,8 +298,10 @@ export const FENCING_CONTROLLER_HELP = `Fencing controller (with a cluster; lead
       --fencing-threshold S         kubelet Lease age that frees a node's workloads (default ${D.thresholdSeconds})
       --fencing-watchdog-timeout S  the nodes' watchdog timeout (default ${D.watchdogTimeoutSeconds})
       --fencing-detection-window S  the nodes' detection window (default ${D.detectionWindowSeconds})
+      --fencing-kubelet-window S    the nodes' kubelet window (default ${D.kubeletWindowSeconds})
       --fencing-margin S            safety margin (default ${D.marginSeconds}); the threshold must be
-                                    greater than watchdog timeout + detection window + margin
+                                    greater than watchdog timeout + each window + margin (a node
+                                    that states its own windows is checked against those)
       --no-fencing-controller       do not run it (--no-controllers turns it off as well)`;
 
 /** Timings from the server's flags; throws FencingConfigError (a usage error) when unsafe. */
@@ -317,6 +321,7 @@ export function fencingTimingsFromFlags(v: Record<string, unknown>): ControllerT
   set("thresholdSeconds", "fencing-threshold");
   set("watchdogTimeoutSeconds", "fencing-watchdog-timeout");
   set("detectionWindowSeconds", "fencing-detection-window");
+  set("kubeletWindowSeconds", "fencing-kubelet-window");
   set("marginSeconds", "fencing-margin");
   return fencingTimings(t);
 }

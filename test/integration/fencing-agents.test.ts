@@ -7,6 +7,7 @@ import t from "tap";
 import { withControlPlane } from "../fixtures/control-plane.ts";
 import { type FencingCluster, type FencingNode, startFencingCluster } from "../fixtures/fencing.ts";
 import { waitFor } from "../fixtures/cli.ts";
+import { uptime } from "node:os";
 import { getNode } from "../../lib/kube/api.ts";
 import { NODE_KEYS } from "../../bundles/names.ts";
 
@@ -31,6 +32,45 @@ async function moreVerdicts(n: FencingNode, kind: string, count: number): Promis
   );
 }
 
+/** This node's kubelet Lease, last renewed at `ms`, created by the test (a kubelet would). */
+async function kubeletLease(n: FencingNode, ms: number): Promise<void> {
+  await cp.admin.request("POST", "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases", {
+    body: {
+      apiVersion: "coordination.k8s.io/v1",
+      kind: "Lease",
+      metadata: { name: n.name, namespace: "kube-node-lease" },
+      spec: {
+        holderIdentity: n.name,
+        leaseDurationSeconds: 40,
+        renewTime: new Date(ms).toISOString().replace("Z", "000Z"),
+      },
+    },
+  });
+}
+const renewLease = (n: FencingNode) =>
+  cp.admin.request("PATCH", `/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/${n.name}`, {
+    body: { spec: { renewTime: new Date().toISOString().replace("Z", "000Z") } },
+  });
+const deleteLease = (n: FencingNode) =>
+  cp.admin.request("DELETE", `/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/${n.name}`);
+
+/** A kubelet renewing `n`'s Lease every 300 ms until stopped. */
+function renewing(n: FencingNode): { stop(): Promise<void> } {
+  let on = true;
+  const loop = (async () => {
+    while (on) {
+      await renewLease(n);
+      await new Promise((r) => setTimeout(r, 300));
+    }
+  })();
+  return {
+    async stop() {
+      on = false;
+      await loop;
+    },
+  };
+}
+
 t.test("each agent arms its watchdog, pets it and labels its Node", async (t) => {
   for (const n of cluster.nodes) n.agent.start();
   await Promise.all(cluster.nodes.map((n) => n.watchdog.nextPets(3)));
@@ -38,14 +78,35 @@ t.test("each agent arms its watchdog, pets it and labels its Node", async (t) =>
     await waitFor(`${n.name} labelled`, () => labelled(n));
     const node = await getNode(cp.admin, n.name);
     t.equal(node.metadata.labels?.[NODE_KEYS.fencingMode], "Watchdog", `${n.name}: mode label`);
-    t.match(node.metadata.annotations?.[NODE_KEYS.fencingTimings], /^watchdog=60s,detection=\d+s$/);
+    t.match(node.metadata.annotations?.[NODE_KEYS.fencingTimings], /^watchdog=60s,detection=\d+s,kubelet=\d+s$/);
   }
   // every agent sees the other two as peers before the failures start
   for (const n of cluster.nodes)
     await waitFor(`${n.name} knows 2 peers`, async () => (await n.status())?.peersKnown === 2);
 });
 
+t.test("a Lease last renewed before this boot does not count: the kubelet has not started yet", async (t) => {
+  await kubeletLease(c, Date.now() - uptime() * 1000 - 60_000);
+  const seen = await waitFor("c reads the old Lease", async () => {
+    const s = await c.status();
+    return (s?.lastCheck?.kubeletLeaseAgeSeconds ?? 0) > 60 ? s : undefined;
+  });
+  t.equal(seen.kubeletSeenAlive, false);
+  await moreVerdicts(c, "api", BAD_ROUNDS + 1);
+  const s = await c.status();
+  t.equal(s?.fencing, false, "c keeps petting");
+  t.equal(s?.verdict?.kind, "api", String(s?.verdict?.reason));
+  await c.watchdog.nextPets(3);
+  await deleteLease(c);
+});
+
 t.test("the API server stops answering: every node keeps petting (a control-plane outage)", async (t) => {
+  // Kubelets renew their Leases until the API goes away; afterwards every Lease is old.
+  for (const n of cluster.nodes) await kubeletLease(n, Date.now());
+  const kubelets = cluster.nodes.map((n) => renewing(n));
+  for (const n of cluster.nodes)
+    await waitFor(`${n.name} sees its kubelet renew`, async () => (await n.status())?.kubeletSeenAlive === true);
+  for (const k of kubelets) await k.stop();
   await cluster.pauseApiServer();
   try {
     // More outage verdicts than it takes to stop petting, on every node…
@@ -61,7 +122,21 @@ t.test("the API server stops answering: every node keeps petting (a control-plan
   } finally {
     await cluster.resumeApiServer();
   }
+  // The kubelets come back a little after the API (their own retry): meanwhile every Lease is
+  // older than the agents' kubelet limit, but its age counts from when the API came back.
+  // (Judged by the Lease's age alone, every check from here on would find the kubelet stale.)
   await Promise.all(cluster.nodes.map((n) => moreVerdicts(n, "api", 1)));
+  const back = cluster.nodes.map((n) => renewing(n));
+  await Promise.all(cluster.nodes.map((n) => moreVerdicts(n, "api", 2)));
+  for (const n of cluster.nodes) {
+    t.equal((await n.status())?.fencing, false, `${n.name}: no fence after the outage`);
+    t.notOk(
+      n.agent.lines.some((l) => l.verdict === "kubelet-stale"),
+      `${n.name}: never judged its kubelet stale`,
+    );
+  }
+  for (const k of back) await k.stop();
+  for (const n of cluster.nodes) await deleteLease(n);
 });
 
 t.test("one node cut off from the API and its peers stops petting; the others keep petting", async (t) => {
@@ -169,6 +244,35 @@ t.test("SIGKILL leaves the device armed; the restarted agent resumes petting", a
   t.equal(s.armed, true);
 });
 
+t.test(
+  "a kubelet that stops renewing its Lease: the node stops petting before the cluster frees its pods",
+  async (t) => {
+    // The fixture's agents run with kubelet=4: a Lease older than 4 s is a bad check.
+    await kubeletLease(b, Date.now());
+    const kubelet = renewing(b);
+    await waitFor("b sees its kubelet renew", async () => (await b.status())?.kubeletSeenAlive === true);
+    await moreVerdicts(b, "api", BAD_ROUNDS + 1);
+    t.equal((await b.status())?.fencing, false, "a renewing kubelet keeps the pets going");
+
+    const vBefore = b.watchdog.count("V");
+    const stopped = b.agent.waitMsg(/stopped petting: the kubelet stopped renewing its Lease/);
+    await kubelet.stop();
+    const line = await stopped;
+    t.equal(line.verdict, "kubelet-stale", String(line.reason));
+    const petsAtStop = b.watchdog.pets;
+    await c.watchdog.nextPets(10); // time passes on another node
+    t.equal(b.watchdog.pets, petsAtStop, "b wrote no pet after it decided");
+    t.equal(b.watchdog.count("V"), vBefore, "b did not disarm: its watchdog fires");
+
+    // The kubelet comes back before the (simulated) watchdog fired: pets resume.
+    const healthy = b.agent.waitMsg(/healthy again/);
+    await renewLease(b);
+    await healthy;
+    await b.watchdog.nextPets(3);
+    await deleteLease(b);
+  },
+);
+
 t.test("Notify mode labels the Node and reports, and never opens the device", async (t) => {
   const notify = await startFencingCluster(cp, { group: "notify", nodes: [{ name: "notify-a" }], mode: "Notify" });
   t.teardown(() => notify.stop());
@@ -195,6 +299,7 @@ t.test("bashible fencing status shows the device, the last pet and the decision"
   t.match(r.stdout, /device: .*ARMED, petting/);
   t.match(r.stdout, /last decision:\s+healthy \(api\)/);
   t.match(r.stdout, /detection window 8 s/);
+  t.match(r.stdout, /kubelet Lease limit 4 s \(watching\)/);
   const m = await bashible(["fencing", "status", "--metrics", "--root", a.root]);
   t.match(m.stdout, /bashible_fencing_pets_total \d+/);
 });

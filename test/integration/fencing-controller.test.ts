@@ -104,6 +104,11 @@ t.test(
     await fencingNode("f-notify", { labels: { [NODE_KEYS.fencingMode]: "Notify" }, pods: 1 });
     await fencingNode("f-maint", { annotations: { [NODE_KEYS.fencingDisable]: "" }, pods: 1 });
     await fencingNode("f-slow", { annotations: { [NODE_KEYS.fencingTimings]: "watchdog=60s,detection=26s" }, pods: 1 });
+    // Fast enough on API loss, too slow to go down once its kubelet stops renewing.
+    await fencingNode("f-slow-kubelet", {
+      annotations: { [NODE_KEYS.fencingTimings]: "watchdog=1s,detection=1s,kubelet=35s" },
+      pods: 1,
+    });
     await fencingNode("f-fresh", { pods: 1 });
 
     // A kubelet for f-fresh: renews its Lease every 500 ms.
@@ -132,7 +137,13 @@ t.test(
       client: admin,
       log,
       resyncMs: 200,
-      timings: { thresholdSeconds: 4, watchdogTimeoutSeconds: 1, detectionWindowSeconds: 1, marginSeconds: 1 },
+      timings: {
+        thresholdSeconds: 4,
+        watchdogTimeoutSeconds: 1,
+        detectionWindowSeconds: 1,
+        kubeletWindowSeconds: 1,
+        marginSeconds: 1,
+      },
       lease: { namespace: NAMESPACE, name: "fencing-test", durationSeconds: 15 },
     });
     t.teardown(() => ctl.stop());
@@ -158,6 +169,12 @@ t.test(
     );
     await waitFor("f-slow refused", async () => (await condition("f-slow"))?.reason === "NodeFencingRefused", 60_000);
     t.match((await condition("f-slow"))?.message, /watchdog timeout 60 s \+ detection window 26 s \+ margin 1 s/);
+    await waitFor(
+      "f-slow-kubelet refused",
+      async () => (await condition("f-slow-kubelet"))?.reason === "NodeFencingRefused",
+      60_000,
+    );
+    t.match((await condition("f-slow-kubelet"))?.message, /watchdog timeout 1 s \+ kubelet window 35 s \+ margin 1 s/);
     const events = await list(admin, "/api/v1/namespaces/default/events", {
       fieldSelector: "involvedObject.name=f-cloud",
     });
@@ -173,6 +190,7 @@ t.test(
       ["f-notify", "Notify mode deletes nothing"],
       ["f-maint", "maintenance"],
       ["f-slow", "the node's own timings do not fit"],
+      ["f-slow-kubelet", "the node's kubelet window does not fit"],
       ["f-fresh", "its kubelet renews"],
     ] as const) {
       t.equal(await podsOn(name), 1, `${name}: pod kept (${why})`);

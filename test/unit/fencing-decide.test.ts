@@ -8,7 +8,10 @@ import {
   DEFAULT_AGENT_TIMINGS,
   DEFAULT_CONTROLLER_TIMINGS,
   detectionWindowMs,
+  formatAgentTimingsAnnotation,
+  kubeletWindowMs,
   maintenanceOf,
+  parseAgentTimingsAnnotation,
   unsafeTimings,
 } from "../../bundles/fencing.ts";
 
@@ -82,4 +85,53 @@ t.test("maintenance annotations hold fencing down; approved alone does not", asy
   );
   t.equal(maintenanceOf({ "update.node.deckhouse.io/approved": "" }), undefined);
   t.ok(maintenanceOf({ "update.node.deckhouse.io/approved": "", "update.node.deckhouse.io/draining": "bashible" }));
+});
+
+t.test("a kubelet that stopped renewing its Lease is a bad verdict, once it renewed since boot", async (t) => {
+  const withAge = (result: ApiResult, age: number): ApiCheck => ({ ...api(result, true), kubeletLeaseAgeSeconds: age });
+  const on = { ...opts, kubeletStaleSeconds: 20, kubeletSeenAlive: true };
+  const v = decide(withAge("ok", 21), undefined, 2, on);
+  t.same([v.healthy, v.kind], [false, "kubelet-stale"]);
+  t.match(v.reason, /not renewed its Lease for 21 s \(21 s while the API answered; limit 20 s\)/);
+  t.equal(decide(withAge("ok", 20), undefined, 2, on).healthy, true, "at the limit: still fine");
+  t.equal(decide(withAge("ok", 300), undefined, 2, { ...on, kubeletSeenAlive: false }).kind, "api", "not since boot");
+  t.equal(decide(withAge("ok", 300), undefined, 2, opts).kind, "api", "the rule off");
+  t.equal(decide(withAge("auth", 300), undefined, 2, on).kind, "api", "a 401/403 reads no Lease");
+  // After an outage every Lease is old: its age counts from when the API answered again.
+  t.equal(decide(withAge("ok", 300), undefined, 2, { ...on, apiReachableForSeconds: 20 }).kind, "api");
+  const late = decide(withAge("ok", 300), undefined, 2, { ...on, apiReachableForSeconds: 21 });
+  t.equal(late.kind, "kubelet-stale");
+  t.match(late.reason, /for 300 s \(21 s while the API answered; limit 20 s\)/);
+});
+
+t.test("the kubelet window: stated by the node, checked against the threshold like the detection window", async (t) => {
+  t.equal(kubeletWindowMs(DEFAULT_AGENT_TIMINGS), 35_000, "20 s + 3 rounds of 5 s");
+  t.equal(kubeletWindowMs({ ...DEFAULT_AGENT_TIMINGS, kubeletStaleMs: 0 }), undefined, "off");
+  t.equal(DEFAULT_CONTROLLER_TIMINGS.kubeletWindowSeconds, 35);
+  t.equal(unsafeTimings(DEFAULT_CONTROLLER_TIMINGS), undefined, "120 > 60 + 35 + 20");
+  t.match(
+    unsafeTimings({ ...DEFAULT_CONTROLLER_TIMINGS, kubeletWindowSeconds: 41 }),
+    /threshold 120 s is not greater than watchdog timeout 60 s \+ kubelet window 41 s \+ margin 20 s = 121 s/,
+  );
+  t.equal(unsafeTimings({ ...DEFAULT_CONTROLLER_TIMINGS, kubeletWindowSeconds: undefined }), undefined);
+  const a = formatAgentTimingsAnnotation(60, 26, 35);
+  t.equal(a, "watchdog=60s,detection=26s,kubelet=35s");
+  t.same(parseAgentTimingsAnnotation(a), {
+    watchdogTimeoutSeconds: 60,
+    detectionWindowSeconds: 26,
+    kubeletWindowSeconds: 35,
+  });
+  t.same(parseAgentTimingsAnnotation("watchdog=60s,detection=26s"), {
+    watchdogTimeoutSeconds: 60,
+    detectionWindowSeconds: 26,
+  });
+  t.equal(parseAgentTimingsAnnotation("watchdog=60s,detection=26s,kubelet=x"), undefined);
+});
+
+t.test("--fencing-timings: kubelet=0 turns the kubelet rule off; other timings must be positive", async (t) => {
+  const { parseTimings } = await import("../../agent/fencing/options.ts");
+  t.same(parseTimings("kubelet=0,rounds=2"), { kubeletStaleMs: 0, badRounds: 2 });
+  t.same(parseTimings("kubelet=7.5"), { kubeletStaleMs: 7500 });
+  t.throws(() => parseTimings("check=0"), /pet\|check\|api\|peer\|rounds\|kubelet/);
+  t.throws(() => parseTimings("kubelet=-1"));
 });
