@@ -195,7 +195,7 @@ try {
 
   if (only.has("outage")) {
     const k = Number(values.compression);
-    const timings = `pet=${5 / k},check=${5 / k},api=${4 / k},peer=${3 / k},rounds=3`;
+    const timings = `pet=${5 / k},check=${5 / k},api=${4 / k},peer=${3 / k},rounds=3,kubelet=${20 / k}`;
     const c = await startFencingCluster(cp, {
       group: "out",
       nodes: Array.from({ length: 10 }, (_, i) => ({ name: `out-${i}` })),
@@ -206,12 +206,47 @@ try {
     for (const n of c.nodes) n.agent.start();
     for (const n of c.nodes)
       await waitFor(`${n.name} knows its peers`, async () => (await n.status())?.peersKnown === 9, 120_000);
+    // Kubelets renew their Leases every 10 s (compressed), cannot during the outage, and come back
+    // 7 s after it (a kubelet's retry backoff): the agents' kubelet rule must not fence anyone.
+    const leases = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases";
+    const micro = () => new Date().toISOString().replace("Z", "000Z");
+    for (const n of c.nodes)
+      await cp.admin.request("POST", leases, {
+        body: {
+          metadata: { name: n.name },
+          spec: { holderIdentity: n.name, leaseDurationSeconds: 40, renewTime: micro() },
+        },
+      });
+    let kubeletsUp = true;
+    let kubeletsDone = false;
+    const kubelets = (async () => {
+      while (!kubeletsDone) {
+        if (kubeletsUp)
+          await Promise.all(
+            c.nodes.map((n) =>
+              cp.admin
+                .request("PATCH", `${leases}/${n.name}`, { body: { spec: { renewTime: micro() } } })
+                .catch(() => undefined),
+            ),
+          );
+        await sleep(10_000 / k);
+      }
+    })();
+    for (const n of c.nodes)
+      await waitFor(`${n.name} sees its kubelet`, async () => (await n.status())?.kubeletSeenAlive === true, 120_000);
     const stops = c.nodes.map((n) => n.agent.lines.filter((l) => /stopped petting/.test(String(l.msg))).length);
     const from = c.nodes.map((n) => n.watchdog.bytes.length);
     const outage = 300 / k;
+    kubeletsUp = false;
     await c.pauseApiServer();
     await sleep(outage * 1000);
     await c.resumeApiServer();
+    await sleep(7_000 / k);
+    kubeletsUp = true;
+    // Long enough after the outage for any kubelet-stale fence to have shown.
+    await sleep(60_000 / k);
+    kubeletsDone = true;
+    await kubelets;
     const fenced = c.nodes.filter(
       (n, i) => n.agent.lines.filter((l) => /stopped petting/.test(String(l.msg))).length > (stops[i] ?? 0),
     );
@@ -224,8 +259,11 @@ try {
     const verdicts = await Promise.all(
       c.nodes.map((n) => n.metric("bashible_fencing_verdicts_total", 'kind="outage"')),
     );
+    const staleVerdicts = await Promise.all(
+      c.nodes.map((n) => n.metric("bashible_fencing_verdicts_total", 'kind="kubelet-stale"')),
+    );
     say(
-      `control-plane outage of 300 s compressed ${k}x (${outage} s; ${timings}), 10 nodes: ${fenced.length} stopped petting (goal 0); ${verdicts.reduce((a, b) => a + b, 0)} outage verdicts; largest pet gap ${maxGap.toFixed(0)} ms (interval ${5000 / k} ms)`,
+      `control-plane outage of 300 s compressed ${k}x (${outage} s; ${timings}), 10 nodes with kubelets renewing every 10 s and back 7 s after the API: ${fenced.length} stopped petting (goal 0); ${verdicts.reduce((a, b) => a + b, 0)} outage verdicts; ${staleVerdicts.reduce((a, b) => a + b, 0)} kubelet-stale verdicts; largest pet gap ${maxGap.toFixed(0)} ms (interval ${5000 / k} ms)`,
     );
     for (const n of c.nodes) await n.agent.signal("SIGTERM");
   }
