@@ -14,6 +14,7 @@ import type { KubeClient } from "../../lib/kube/client.ts";
 import { getNode, patchNode, type KubeObject } from "../../lib/kube/api.ts";
 import { uptime } from "node:os";
 import { Informer } from "../../lib/informer.ts";
+import { sleep } from "../../lib/sleep.ts";
 import type { Logger } from "../../lib/log/log.ts";
 import type { Counter, Gauge, Histogram, Registry } from "../../lib/prometheus.ts";
 import { NODE_KEYS } from "../../bundles/names.ts";
@@ -454,17 +455,7 @@ export class Fencing {
       }
       await this.writeStatus().catch(() => undefined);
       const wait = Math.max(0, this.t.checkIntervalMs - (this.now() - started));
-      await new Promise<void>((r) => {
-        const timer = setTimeout(r, wait);
-        signal.addEventListener(
-          "abort",
-          () => {
-            clearTimeout(timer);
-            r();
-          },
-          { once: true },
-        );
-      });
+      await sleep(wait, signal);
     }
   }
 

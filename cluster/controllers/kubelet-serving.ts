@@ -3,11 +3,12 @@
 // approves; until one is approved the API server cannot reach the kubelet over verified TLS, so
 // `kubectl logs`, `exec`, `port-forward` and metrics fail for the node. Deckhouse's node-manager
 // approves such CSRs after checking their form. This controller checks the same form, and also
-// what the certificate would vouch for: every name and address in it must be one its Node
-// reports, none may be reported by another managed Node, and no in-cluster Service name. The
-// kube-controller-manager signs with the cluster CA, often the API server's own CA: a node that
-// got a serving certificate for another machine's address could pose as that machine.
-import { isIPv6 } from "node:net";
+// what the certificate would vouch for: kube-controller-manager signs it with the cluster CA,
+// often the API server's own CA, so a node that got one for another machine's name or address
+// could pose as that machine. A Node's status.addresses are written by the node itself, so they
+// are only a necessary condition: names must be the node's own name (or under it), addresses
+// must be ones it reports that no other managed Node reports and that are not the API server's.
+import { isIPv4, isIPv6 } from "node:net";
 import type { KubeClient } from "../../lib/kube/client.ts";
 import type { Logger } from "../../lib/log/log.ts";
 import type { KubeObject } from "../../lib/kube/api.ts";
@@ -47,30 +48,59 @@ const USAGE_SETS = [
   ["digital signature", "key encipherment", "server auth"],
 ];
 
-/** Addresses compared as the kernel would route them: IPv6 in one canonical spelling, names case-insensitively. */
-export function canonicalAddress(a: string): string {
-  if (isIPv6(a)) return new URL(`http://[${a}]/`).hostname.slice(1, -1);
-  return a.toLowerCase();
+/**
+ * One spelling per address: IPv4 dotted (an IPv4-mapped IPv6 address is the IPv4 address it
+ * maps: certificates and Go's net.IP treat them as equal), IPv6 compressed lowercase, names
+ * lowercase. Undefined for what no node address may be: an IPv6 zone, an unparsable IP.
+ */
+export function canonicalAddress(a: string): string | undefined {
+  const s = a.trim().toLowerCase();
+  if (s.includes("%")) return undefined;
+  if (isIPv4(s)) return s;
+  if (!isIPv6(s)) return s;
+  let h: string;
+  try {
+    h = new URL(`http://[${s}]/`).hostname.slice(1, -1);
+  } catch {
+    return undefined;
+  }
+  const mapped = /^::ffff:([0-9a-f]{1,4}):([0-9a-f]{1,4})$/.exec(h);
+  if (!mapped) return h;
+  const hi = Number.parseInt(mapped[1] ?? "0", 16);
+  const lo = Number.parseInt(mapped[2] ?? "0", 16);
+  return `${hi >> 8}.${hi & 255}.${lo >> 8}.${lo & 255}`;
 }
 
-/** Names of in-cluster Services: `kubernetes`, `kubernetes.default`, anything under `.svc`. */
-const SERVICE_NAME = /^kubernetes(\.default)?$|(^|\.)svc(\.|$)/;
+const DNS_LABEL = /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/;
+const isDnsName = (d: string) => d.length <= 253 && d.split(".").every((l) => DNS_LABEL.test(l));
+
+/** Addresses that never belong to one node: loopback, unspecified, link-local, multicast. */
+function isSpecialIp(ip: string): boolean {
+  if (isIPv4(ip)) {
+    const [a = 0, b = 0] = ip.split(".").map(Number);
+    return a === 0 || a === 127 || (a === 169 && b === 254) || a >= 224;
+  }
+  return ip === "::" || ip === "::1" || /^fe[89ab]/.test(ip) || ip.startsWith("ff");
+}
 
 export function isDecided(csr: Csr): boolean {
   if (csr.status?.certificate) return true;
   return (csr.status?.conditions ?? []).some((c) => c.type === "Approved" || c.type === "Denied");
 }
 
+/** What the decision needs to know about the cluster, gathered once per pass. */
+export interface Known {
+  /** Every canonical address a managed Node reports, with the Nodes reporting it. */
+  addressOwners: ReadonlyMap<string, ReadonlySet<string>>;
+  /** The API server's addresses (the `kubernetes` Service's IPs and endpoints); undefined: unknown. */
+  apiServer: ReadonlySet<string> | undefined;
+}
+
 /**
  * The decision for one kubelet-serving CSR. `node` is the requesting Node (undefined when it is
- * not a managed Node or not registered yet); `addressOwners` maps every canonical address a managed
- * Node reports to the Nodes reporting it.
+ * not a managed Node or not registered yet).
  */
-export function judge(
-  csr: Csr,
-  node: NodeAddresses | undefined,
-  addressOwners: ReadonlyMap<string, ReadonlySet<string>>,
-): Verdict {
+export function judge(csr: Csr, node: NodeAddresses | undefined, known: Known): Verdict {
   const user = csr.spec.username ?? "";
   if (!user.startsWith(NODE_USER_PREFIX) || !(csr.spec.groups ?? []).includes("system:nodes")) {
     return {
@@ -106,19 +136,40 @@ export function judge(
   if (info.emailAddresses.length || info.uris.length || info.otherSanKinds) {
     return { verdict: "deny", reason: "it asks for e-mail, URI or other names besides DNS names and IP addresses" };
   }
-  const sans = [...info.dnsNames, ...info.ipAddresses];
-  if (!sans.length) return { verdict: "deny", reason: "it names no DNS name or IP address" };
-  const service = info.dnsNames.find((d) => SERVICE_NAME.test(d.toLowerCase()));
-  if (service) return { verdict: "deny", reason: `${service} is an in-cluster Service name` };
-
-  const nodeName = user.slice(NODE_USER_PREFIX.length);
-  for (const san of sans) {
-    const others = [...(addressOwners.get(canonicalAddress(san)) ?? [])].filter((n) => n !== nodeName);
-    if (others.length) return { verdict: "deny", reason: `${san} is an address of Node ${others.sort().join(", ")}` };
+  if (!info.dnsNames.length && !info.ipAddresses.length) {
+    return { verdict: "deny", reason: "it names no DNS name or IP address" };
   }
+  const nodeName = user.slice(NODE_USER_PREFIX.length);
+  // Names: the node's own. A node reports its own Hostname address, so "among its addresses"
+  // alone would let it name a Service (vault.vault) or a wildcard.
+  for (const d of info.dnsNames) {
+    const name = d.toLowerCase();
+    if (!isDnsName(name)) return { verdict: "deny", reason: `${JSON.stringify(d)} is not a DNS name (no wildcards)` };
+    // The node's name, its FQDN (name.domain), or the short host name of a node named by FQDN.
+    const own = name === nodeName || name.startsWith(`${nodeName}.`) || nodeName.startsWith(`${name}.`);
+    if (!own) return { verdict: "deny", reason: `${d} is not the node's name ${nodeName} or its domain name` };
+    if (name.split(".").includes("svc")) return { verdict: "deny", reason: `${d} is an in-cluster Service name` };
+  }
+  const ips: string[] = [];
+  for (const ip of info.ipAddresses) {
+    const c = canonicalAddress(ip);
+    if (c === undefined || isSpecialIp(c)) {
+      return { verdict: "deny", reason: `${ip} is not an address of one node (loopback, link-local, zone, …)` };
+    }
+    if (known.apiServer?.has(c)) return { verdict: "deny", reason: `${ip} is an address of the API server` };
+    ips.push(c);
+  }
+  // Decided as waits from here: another node's claim, or an address not reported yet, can change.
+  for (const ip of ips) {
+    const others = [...(known.addressOwners.get(ip) ?? [])].filter((n) => n !== nodeName);
+    if (others.length) {
+      return { verdict: "wait", reason: `${ip} is also an address of Node ${others.sort().join(", ")}` };
+    }
+  }
+  if (!known.apiServer) return { verdict: "wait", reason: "the API server's addresses are not known yet" };
   if (!node) return { verdict: "wait", reason: `Node ${nodeName} is not a registered node of a node group (yet)` };
   const own = new Set((node.status?.addresses ?? []).map((a) => canonicalAddress(a.address)));
-  const foreign = sans.filter((s) => !own.has(canonicalAddress(s)));
+  const foreign = ips.filter((ip) => !own.has(ip));
   if (foreign.length) {
     return {
       verdict: "wait",
@@ -128,15 +179,21 @@ export function judge(
   return { verdict: "approve", node: nodeName };
 }
 
+/** How long the API server's addresses are trusted before they are read again. */
+const API_ADDRESSES_TTL_MS = 60_000;
+
 export class KubeletServingApprover {
   private readonly client: KubeClient;
   private readonly log: Logger;
   private readonly csrs: Informer<Csr>;
   private readonly nodes: Informer<NodeAddresses>;
-  /** Pending CSRs that wait for their Node, with the last reason logged (logged once per reason). */
+  /** Pending CSRs that wait, with the last reason logged (logged once per reason). */
   private readonly waiting = new Map<string, string>();
   private readonly busy = new Set<string>();
-  private readonly retries = new Set<NodeJS.Timeout>();
+  /** Failed writes retried with a growing delay, per CSR. */
+  private readonly retries = new Map<string, { timer: NodeJS.Timeout; delayMs: number }>();
+  private apiServer: { addresses: Set<string>; at: number } | undefined;
+  private passQueued = false;
   private stopped = false;
 
   constructor(o: { client: KubeClient; log: Logger }) {
@@ -150,9 +207,8 @@ export class KubeletServingApprover {
       // The request PEM is what is judged; the issued certificate is not needed.
       trim: (c) => ({ metadata: c.metadata, spec: c.spec, status: { conditions: c.status?.conditions ?? [] } }),
       onEvent: (ev) => {
-        if (ev.type === "SYNC") this.judgeAll();
-        else if (ev.type === "DELETED") this.waiting.delete(ev.object.metadata.name);
-        else void this.decide(ev.object);
+        if (ev.type === "DELETED") this.forget(ev.object.metadata.name);
+        this.queuePass();
       },
     });
     this.nodes = new Informer<NodeAddresses>({
@@ -165,9 +221,10 @@ export class KubeletServingApprover {
         metadata: { name: n.metadata.name, resourceVersion: n.metadata.resourceVersion },
         status: { addresses: n.status?.addresses ?? [] },
       }),
-      // A node reporting its addresses may be what a waiting CSR needs.
-      onEvent: () => {
-        if (this.waiting.size) this.judgeAll();
+      // The first list may come after the CSRs'; later, a node reporting its addresses may be
+      // what a waiting CSR needs.
+      onEvent: (ev) => {
+        if (ev.type === "SYNC" || this.waiting.size) this.queuePass();
       },
     });
   }
@@ -179,14 +236,39 @@ export class KubeletServingApprover {
 
   stop(): void {
     this.stopped = true;
-    for (const t of this.retries) clearTimeout(t);
+    for (const r of this.retries.values()) clearTimeout(r.timer);
+    this.retries.clear();
     this.csrs.stop();
     this.nodes.stop();
   }
 
-  private judgeAll(): void {
-    if (!this.nodes.synced || !this.csrs.synced) return;
-    for (const c of this.csrs.objects.values()) void this.decide(c);
+  /** One pass over the pending CSRs for a burst of events (a rollout touches many Nodes). */
+  private queuePass(): void {
+    if (this.passQueued || this.stopped) return;
+    this.passQueued = true;
+    setTimeout(() => {
+      this.passQueued = false;
+      this.pass().catch((err) => this.log.warn({ err: (err as Error).message }, "kubelet serving CSRs: pass failed"));
+    }, 50).unref();
+  }
+
+  private forget(name: string): void {
+    this.waiting.delete(name);
+    const r = this.retries.get(name);
+    if (r) clearTimeout(r.timer);
+    this.retries.delete(name);
+  }
+
+  private async pass(): Promise<void> {
+    if (!this.nodes.synced || !this.csrs.synced || this.stopped) return;
+    const pending = [...this.csrs.objects.values()].filter((c) => {
+      if (!isDecided(c)) return true;
+      this.forget(c.metadata.name);
+      return false;
+    });
+    if (!pending.length) return;
+    const known: Known = { addressOwners: this.addressOwners(), apiServer: await this.apiServerAddresses() };
+    for (const c of pending) await this.decide(c, known);
   }
 
   private addressOwners(): Map<string, Set<string>> {
@@ -194,6 +276,7 @@ export class KubeletServingApprover {
     for (const n of this.nodes.objects.values()) {
       for (const a of n.status?.addresses ?? []) {
         const key = canonicalAddress(a.address);
+        if (key === undefined) continue;
         const set = owners.get(key) ?? new Set<string>();
         set.add(n.metadata.name);
         owners.set(key, set);
@@ -202,62 +285,91 @@ export class KubeletServingApprover {
     return owners;
   }
 
-  /** Another try in 5 s with the CSR as it is then (no watch event may come for a failed write). */
-  private retryLater(name: string): void {
-    if (this.stopped) return;
-    const t = setTimeout(() => {
-      this.retries.delete(t);
-      const csr = this.csrs.objects.get(name);
-      if (csr && !this.stopped) void this.decide(csr);
-    }, 5000);
-    t.unref();
-    this.retries.add(t);
+  /** The `kubernetes` Service's cluster IPs and its endpoints: the API server as pods and nodes reach it. */
+  private async apiServerAddresses(): Promise<Set<string> | undefined> {
+    if (this.apiServer && Date.now() - this.apiServer.at < API_ADDRESSES_TTL_MS) return this.apiServer.addresses;
+    try {
+      const [svc, slices] = await Promise.all([
+        this.client.request<{ spec?: { clusterIPs?: string[]; clusterIP?: string } }>(
+          "GET",
+          "/api/v1/namespaces/default/services/kubernetes",
+        ),
+        this.client.request<{ items?: { endpoints?: { addresses?: string[] }[] }[] }>(
+          "GET",
+          "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices",
+          { query: { labelSelector: "kubernetes.io/service-name=kubernetes" } },
+        ),
+      ]);
+      const all = [
+        ...(svc.spec?.clusterIPs ?? [svc.spec?.clusterIP ?? ""]),
+        ...(slices.items ?? []).flatMap((s) => (s.endpoints ?? []).flatMap((e) => e.addresses ?? [])),
+      ];
+      const addresses = new Set(all.map(canonicalAddress).filter((a): a is string => !!a));
+      this.apiServer = { addresses, at: Date.now() };
+      return addresses;
+    } catch (err) {
+      this.log.warn(
+        { err: (err as Error).message },
+        "cannot read the API server's addresses; kubelet serving CSRs wait",
+      );
+      return undefined;
+    }
   }
 
-  private async decide(csr: Csr): Promise<void> {
+  /** Another try after a failed write, 5 s doubling to 5 minutes (no watch event may come). */
+  private retryLater(name: string): void {
+    if (this.stopped) return;
+    const delayMs = Math.min(300_000, (this.retries.get(name)?.delayMs ?? 2_500) * 2);
+    const timer = setTimeout(() => this.queuePass(), delayMs);
+    timer.unref();
+    this.retries.set(name, { timer, delayMs });
+  }
+
+  private async decide(csr: Csr, known: Known): Promise<void> {
     const name = csr.metadata.name;
-    // Judged against every managed Node's addresses: wait until both collections are listed.
-    if (isDecided(csr) || !this.nodes.synced || this.busy.has(name)) return;
-    const nodeName = (csr.spec.username ?? "").slice(NODE_USER_PREFIX.length);
-    const v = judge(csr, this.nodes.objects.get(nodeName), this.addressOwners());
-    if (v.verdict === "wait") {
-      if (this.waiting.get(name) !== v.reason)
-        this.log.info({ csr: name, reason: v.reason }, "kubelet serving CSR waits");
-      this.waiting.set(name, v.reason);
-      return;
-    }
-    this.waiting.delete(name);
+    if (this.busy.has(name)) return;
     this.busy.add(name);
-    const condition =
-      v.verdict === "approve"
-        ? {
-            type: "Approved",
-            status: "True",
-            reason: "AutoApproved",
-            message: `bashible: every name and address is one Node ${v.node} reports`,
-          }
-        : { type: "Denied", status: "True", reason: "NotAKubeletServingRequest", message: `bashible: ${v.reason}` };
     try {
-      // The approval subresource takes the whole object; resourceVersion makes it a compare-and-swap.
+      const nodeName = (csr.spec.username ?? "").slice(NODE_USER_PREFIX.length);
+      const v = judge(csr, this.nodes.objects.get(nodeName), known);
+      if (v.verdict === "wait") {
+        if (this.waiting.get(name) !== v.reason)
+          this.log.info({ csr: name, reason: v.reason }, "kubelet serving CSR waits");
+        this.waiting.set(name, v.reason);
+        return;
+      }
+      this.waiting.delete(name);
+      const condition =
+        v.verdict === "approve"
+          ? {
+              type: "Approved",
+              status: "True",
+              reason: "AutoApproved",
+              message: `bashible: its names are the node's own and its addresses ones only Node ${v.node} reports`,
+            }
+          : { type: "Denied", status: "True", reason: "NotAKubeletServingRequest", message: `bashible: ${v.reason}` };
+      // The approval subresource takes the whole object (metadata as it is: labels, owners and
+      // finalizers stay); resourceVersion makes it a compare-and-swap.
       await this.client.request("PUT", `${CSRS}/${encodeURIComponent(name)}/approval`, {
         body: {
           apiVersion: "certificates.k8s.io/v1",
           kind: "CertificateSigningRequest",
-          metadata: { name, resourceVersion: csr.metadata.resourceVersion },
+          metadata: csr.metadata,
           spec: csr.spec,
           status: {
             conditions: [...(csr.status?.conditions ?? []), { ...condition, lastUpdateTime: new Date().toISOString() }],
           },
         },
       });
+      this.forget(name);
       if (v.verdict === "approve") this.log.info({ csr: name, node: v.node }, "kubelet serving CSR approved");
       else this.log.warn({ csr: name, reason: v.reason }, "kubelet serving CSR denied");
     } catch (err) {
-      // A conflict: the CSR changed meanwhile and its watch event brings it back here.
-      if (!isConflict(err) && !isNotFound(err)) {
+      if (isNotFound(err)) return this.forget(name);
+      // A conflict: the CSR changed meanwhile; its event may have come while this one was busy.
+      if (!isConflict(err))
         this.log.warn({ csr: name, err: (err as Error).message }, "cannot decide a kubelet serving CSR; retrying");
-        this.retryLater(name);
-      }
+      this.retryLater(name);
     } finally {
       this.busy.delete(name);
     }

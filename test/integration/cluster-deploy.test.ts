@@ -75,6 +75,15 @@ t.test("kubectl applies the CRDs and cluster/deploy as they are", async (t) => {
     "/apis/apiregistration.k8s.io/v1/apiservices/v1alpha1.bashible.deckhouse.io",
   );
   t.ok(svc.spec.caBundle, "applying again keeps the caBundle");
+  // What the kubelet serving approver reads and writes, as the ServiceAccount.
+  const as = ["--as", `system:serviceaccount:${NS}:bashible-server`];
+  for (const args of [
+    ["get", "services/kubernetes", "-n", "default"],
+    ["list", "endpointslices.discovery.k8s.io", "-n", "default"],
+    ["watch", "certificatesigningrequests.certificates.k8s.io"],
+    ["update", "certificatesigningrequests.certificates.k8s.io", "--subresource=approval"],
+  ])
+    t.match(await cp.kubectl(["auth", "can-i", ...args, ...as]), /^yes/, `the server may ${args.join(" ")}`);
 });
 
 t.test("the Deployment's two replicas, as processes with its arguments and its ServiceAccount", async (t) => {

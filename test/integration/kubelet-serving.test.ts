@@ -119,9 +119,28 @@ t.test("a kubelet's request for its own names and addresses is approved and sign
   t.match(await decided("n1-rsa"), { type: "Approved" }, "RSA keys add key encipherment");
 });
 
-t.test("a request naming another Node's address is denied, saying whose", async (t) => {
+t.test("another Node's address waits, saying whose; the API server's is denied", async (t) => {
   await submit(n1, "n1-steals", request({ cn: "system:node:n1", san: "DNS:n1,IP:10.0.0.2" }));
-  t.match(await decided("n1-steals"), { type: "Denied", message: /10\.0\.0\.2 is an address of Node n2/ });
+  await until("the approver says it waits", () =>
+    lines.find((l) => l.csr === "n1-steals" && /10\.0\.0\.2 is also an address of Node n2/.test(l.reason ?? "")),
+  );
+  t.equal(await condition("n1-steals"), undefined, "still pending");
+  // The kubernetes Service's cluster IP, which n1 claims in its own status.
+  const svc = await admin.request<{ spec: { clusterIP: string } }>(
+    "GET",
+    "/api/v1/namespaces/default/services/kubernetes",
+  );
+  await patchNodeStatus(admin, "n1", {
+    status: {
+      addresses: [
+        { type: "InternalIP", address: "10.0.0.1" },
+        { type: "InternalIP", address: svc.spec.clusterIP },
+        { type: "Hostname", address: "n1" },
+      ],
+    },
+  });
+  await submit(n1, "n1-api", request({ cn: "system:node:n1", san: `DNS:n1,IP:${svc.spec.clusterIP}` }));
+  t.match(await decided("n1-api"), { type: "Denied", message: /is an address of the API server/ });
 });
 
 t.test("an address the Node does not report (yet) waits until it does", async (t) => {
@@ -158,8 +177,9 @@ t.test("requests that are not a kubelet's serving certificate are denied with th
       "n1-service",
       n1,
       request({ cn: "system:node:n1", san: "DNS:n1,DNS:kubernetes.default.svc" }),
-      /in-cluster Service/,
+      /not the node's name n1/,
     ],
+    ["n1-wildcard", n1, request({ cn: "system:node:n1", san: "DNS:*.n1" }), /no wildcards/],
     ["n1-email", n1, request({ cn: "system:node:n1", san: "DNS:n1,email:a@b.c" }), /e-mail, URI or other names/],
     ["n1-no-san", n1, request({ cn: "system:node:n1" }), /names no DNS name or IP address/],
     [

@@ -6,7 +6,7 @@ import { execFileSync } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { canonicalAddress, judge, type Csr } from "../../cluster/controllers/kubelet-serving.ts";
+import { canonicalAddress, judge, type Csr, type Known } from "../../cluster/controllers/kubelet-serving.ts";
 
 const tmp = mkdtempSync(path.join(os.tmpdir(), "bashible-csr-unit-"));
 t.teardown(() => rmSync(tmp, { recursive: true, force: true }));
@@ -47,14 +47,15 @@ const node = (name: string, ...addresses: string[]) => ({
   metadata: { name },
   status: { addresses: addresses.map((address) => ({ type: "InternalIP", address })) },
 });
-const owners = (...nodes: ReturnType<typeof node>[]) => {
+/** What the approver knows: the managed Nodes' addresses, the API server at 10.96.0.1 and 192.168.0.10. */
+const owners = (...nodes: ReturnType<typeof node>[]): Known => {
   const m = new Map<string, Set<string>>();
   for (const nd of nodes)
     for (const a of nd.status.addresses) {
-      const k = canonicalAddress(a.address);
+      const k = canonicalAddress(a.address) ?? a.address;
       m.set(k, new Set([...(m.get(k) ?? []), nd.metadata.name]));
     }
-  return m;
+  return { addressOwners: m, apiServer: new Set(["10.96.0.1", "192.168.0.10"]) };
 };
 
 t.test("the common name must be the requesting node", async (t) => {
@@ -71,20 +72,60 @@ t.test("addresses compare in one spelling: IPv6 forms and DNS case", async (t) =
   t.equal(canonicalAddress("FD00:0000::0001"), "fd00::1");
 });
 
-t.test("an IPv4-mapped IPv6 address is not the IPv4 address the Node reports", async (t) => {
+t.test("an IPv4-mapped IPv6 address is the IPv4 address it maps", async (t) => {
+  t.equal(canonicalAddress("::ffff:10.0.0.5"), "10.0.0.5");
   const n1 = node("n1", "10.0.0.1");
-  t.match(judge(csr("system:node:n1", "IP:::ffff:10.0.0.1"), n1, owners(n1)), { verdict: "wait" });
+  const n2 = node("n2", "10.0.0.5");
+  t.match(judge(csr("system:node:n1", "IP:::ffff:10.0.0.1"), n1, owners(n1)), { verdict: "approve" });
+  t.match(judge(csr("system:node:n1", "IP:::ffff:10.0.0.5"), n1, owners(n1, n2)), {
+    verdict: "wait",
+    reason: /10\.0\.0\.5 is also an address of Node n2/,
+  });
 });
 
-t.test("a node outside every node group waits; its address held by a managed Node is denied", async (t) => {
+t.test("an IPv6 zone never crashes the approver: refused in a CSR, ignored in a status", async (t) => {
+  t.equal(canonicalAddress("fe80::1%eth0"), undefined);
+  const n1 = node("n1", "fe80::1%eth0", "10.0.0.1");
+  t.doesNotThrow(() => owners(n1));
+  t.match(judge(csr("system:node:n1", "DNS:fe80::1%x"), n1, owners(n1)), { verdict: "deny", reason: /not a DNS name/ });
+  t.match(judge(csr("system:node:n1", "IP:fe80::1"), n1, owners(n1)), { verdict: "deny", reason: /link-local/ });
+});
+
+t.test("names: the node's own only, no wildcard, no Service name", async (t) => {
+  const n1 = node("n1", "10.0.0.1");
+  const k = owners(n1);
+  t.match(judge(csr("system:node:n1", "DNS:n1,DNS:n1.example.com,IP:10.0.0.1"), n1, k), { verdict: "approve" });
+  t.match(judge(csr("system:node:n1", "DNS:*.example.com"), n1, k), { verdict: "deny", reason: /no wildcards/ });
+  t.match(judge(csr("system:node:n1", "DNS:vault.vault"), n1, k), {
+    verdict: "deny",
+    reason: /not the node's name n1/,
+  });
+  t.match(judge(csr("system:node:n1", "DNS:n1.svc"), n1, k), { verdict: "deny", reason: /Service name/ });
+  t.match(judge(csr("system:node:n1", "DNS:n1."), n1, k), { verdict: "deny", reason: /not a DNS name/ });
+});
+
+t.test("the API server's addresses are refused; unknown, everything waits", async (t) => {
+  const n1 = node("n1", "10.0.0.1", "10.96.0.1");
+  t.match(judge(csr("system:node:n1", "IP:10.96.0.1"), n1, owners(n1)), {
+    verdict: "deny",
+    reason: /10\.96\.0\.1 is an address of the API server/,
+  });
+  t.match(judge(csr("system:node:n1", "IP:10.0.0.1"), n1, { ...owners(n1), apiServer: undefined }), {
+    verdict: "wait",
+    reason: /API server's addresses are not known/,
+  });
+  t.match(judge(csr("system:node:n1", "IP:127.0.0.1"), n1, owners(n1)), { verdict: "deny", reason: /loopback/ });
+});
+
+t.test("a node outside every node group waits, and so does an address another Node reports", async (t) => {
   const other = node("n2", "10.0.0.2");
   t.match(judge(csr("system:node:n1", "IP:10.0.0.9"), undefined, owners(other)), {
     verdict: "wait",
     reason: /Node n1 is not a registered node of a node group/,
   });
   t.match(judge(csr("system:node:n1", "IP:10.0.0.2"), undefined, owners(other)), {
-    verdict: "deny",
-    reason: /10\.0\.0\.2 is an address of Node n2/,
+    verdict: "wait",
+    reason: /10\.0\.0\.2 is also an address of Node n2/,
   });
 });
 

@@ -142,7 +142,9 @@ t.test("malformed input is refused with CsrParseError", async (t) => {
   t.throws(() => parseCsr(pem + pem), /more than one PEM block/);
   t.throws(() => parseCsr(Buffer.from(` \n${pem}`.replace("CERTIFICATE REQUEST", "X"))), /PEM label is "X"/);
   t.throws(() => parseCsr(Buffer.concat([der, Buffer.from([0])])), /1 trailing byte\(s\) after the CSR/);
-  t.throws(() => parseCsr(Buffer.alloc(70 * 1024, 0x30)), /over the 65536-byte limit/);
+  t.throws(() => parseCsr(Buffer.alloc(70 * 1024, 0x30)), /over the 16384-byte limit/);
+  // A run of END markers after a real block: refused, and found without backtracking.
+  t.throws(() => parseCsr(`${pem.trim()}\n${"-----END ".repeat(3000)}`), CsrParseError);
   for (let n = 0; n < der.length; n++) {
     const err = catchErr(() => parseCsr(der.subarray(0, n)));
     if (!(err instanceof CsrParseError)) t.fail(`truncated to ${n} bytes: ${String(err)}`);
