@@ -15,6 +15,7 @@ import { getNode, patchNode, type KubeObject } from "../../lib/kube/api.ts";
 import { uptime } from "node:os";
 import { Informer } from "../../lib/informer.ts";
 import { sleep } from "../../lib/sleep.ts";
+import { readBootId } from "../facts.ts";
 import type { Logger } from "../../lib/log/log.ts";
 import type { Counter, Gauge, Histogram, Registry } from "../../lib/prometheus.ts";
 import { NODE_KEYS } from "../../bundles/names.ts";
@@ -99,6 +100,10 @@ export interface FencingStatus {
   kubeletSeenAlive?: boolean;
   /** Since when the API has answered every check (continued across a quick restart). */
   apiReachableSince?: string;
+  /** The newest kubelet Lease renewal seen. */
+  kubeletRenewSeenAt?: string;
+  /** The boot these kubelet facts belong to (kernel boot id). */
+  bootId?: string;
   /** Why the device is not armed although the mode asks for it. */
   problem?: string;
   updatedAt: string;
@@ -175,8 +180,16 @@ export class Fencing {
   private verdict: (Verdict & { at: number }) | undefined;
   private badRounds = 0;
   private kubeletSeenAlive = false;
-  /** Since when the API has answered every check (this.now()); undefined while it does not. */
+  /**
+   * Since when the API has answered (this.now()); undefined after a check showing the API away
+   * for everyone (an outage: the kubelet could not renew either, and the cluster side restarts
+   * its count). A check failing only here (cut off) does not reset it: the cluster keeps counting.
+   */
   private apiReachableSince: number | undefined;
+  /** The newest renewal of the kubelet's Lease seen (epoch ms, this machine's clock). */
+  private kubeletRenewSeenAt: number | undefined;
+  private bootId = "";
+  private kubeletWindowLogged = false;
   private fencingNow = false;
   private lastPetAt: number | undefined;
   private lastPetHr: bigint | undefined;
@@ -250,6 +263,8 @@ export class Fencing {
       badRounds: this.badRounds,
       kubeletSeenAlive: this.kubeletSeenAlive,
       apiReachableSince: iso(this.apiReachableSince),
+      kubeletRenewSeenAt: iso(this.kubeletRenewSeenAt),
+      bootId: this.bootId,
       problem: this.problem,
       updatedAt: new Date(this.now()).toISOString(),
     };
@@ -258,9 +273,12 @@ export class Fencing {
   // ---- lifecycle -------------------------------------------------------------------------
 
   private async startup(cfg: FencingConfig): Promise<void> {
-    const [previous, peers, kubeletSeenAlive] = await this.readPreviousStatus(cfg);
-    // The status lives in /run: what it says about the kubelet is about this boot, however old.
-    this.kubeletSeenAlive ||= kubeletSeenAlive;
+    const [previous, peers, kubelet] = await this.readPreviousStatus(cfg);
+    if (kubelet) {
+      this.kubeletSeenAlive ||= kubelet.seenAlive;
+      this.apiReachableSince ??= kubelet.apiReachableSince;
+      this.kubeletRenewSeenAt ??= kubelet.renewSeenAt;
+    }
     // The last Node list seen, until the API gives a new one: a restart while the API is out of
     // reach must still have peers to ask (with none, a node would be kept as a lone node).
     if (this.nodes.size === 0)
@@ -284,9 +302,6 @@ export class Fencing {
       // Continue counting bad rounds across a restart, so a crash loop cannot postpone a fence.
       this.badRounds = previous.badRounds;
     }
-    // Likewise the time the API has answered since: a restart is not an outage.
-    const since = previous?.apiReachableSince ? Date.parse(previous.apiReachableSince) : Number.NaN;
-    if (Number.isFinite(since)) this.apiReachableSince = since;
     const abort = new AbortController();
     this.running = { abort, loop: Promise.resolve() };
     this.log.info(
@@ -410,7 +425,31 @@ export class Fencing {
    */
   private shouldPet(): boolean {
     const v = this.verdict;
-    return !!v && !this.fencingNow && this.now() - v.at <= verdictMaxAgeMs(this.t);
+    return !!v && !this.fencingNow && this.now() - v.at <= verdictMaxAgeMs(this.t) && !this.kubeletWindowPassed();
+  }
+
+  /**
+   * The kubelet rule's hard bound, on the pet timer: rounds can take longer than the window
+   * assumes (a slow API, a label patch), but no pet goes out once the kubelet's Lease, counted
+   * as the rule counts it, is older than the kubelet window the node stated.
+   */
+  private kubeletWindowPassed(): boolean {
+    const windowMs = kubeletWindowMs(this.t);
+    // Only while the last check read the Lease (none: the cluster side has nothing to count
+    // either), and not before this process's first check: a restarted agent's first pet must go
+    // out at once.
+    if (windowMs === undefined || !this.kubeletSeenAlive) return false;
+    if (this.lastCheck?.result !== "ok" || this.lastCheck.kubeletLeaseRenewedAt === undefined) return false;
+    if (this.kubeletRenewSeenAt === undefined || this.apiReachableSince === undefined) return false;
+    const ageMs = Math.min(Date.now() - this.kubeletRenewSeenAt, this.now() - this.apiReachableSince);
+    const passed = ageMs > windowMs;
+    if (passed && !this.kubeletWindowLogged)
+      this.log.error(
+        { kubeletLeaseAgeMs: ageMs, kubeletWindowMs: windowMs },
+        "stopped petting: the kubelet's Lease is older than the kubelet window; the watchdog fires unless the kubelet recovers",
+      );
+    this.kubeletWindowLogged = passed;
+    return passed;
   }
 
   private petTick(): void {
@@ -480,6 +519,8 @@ export class Fencing {
     }
     if (signal.aborted) return;
     this.lastPeers = answers;
+    if (api.kubeletLeaseRenewedAt !== undefined)
+      this.kubeletRenewSeenAt = Math.max(this.kubeletRenewSeenAt ?? 0, api.kubeletLeaseRenewedAt);
     const staleSeconds = this.t.kubeletStaleMs > 0 ? this.t.kubeletStaleMs / 1000 : undefined;
     const age = api.result === "ok" ? api.kubeletLeaseAgeSeconds : undefined;
     // Renewed since this boot (a fast reboot leaves a Lease young enough to pass for alive).
@@ -491,8 +532,7 @@ export class Fencing {
         "the kubelet renews its Lease: fencing also watches it from now on",
       );
     }
-    if (!api.reached) this.apiReachableSince = undefined;
-    else this.apiReachableSince ??= api.at;
+    if (api.reached) this.apiReachableSince ??= api.at;
     const v = decide(api, answers, peers.length, {
       apiReachableForSeconds: api.reached ? (this.now() - (this.apiReachableSince ?? this.now())) / 1000 : 0,
       fenceWithoutPeers: this.o.fenceWithoutPeers ?? false,
@@ -500,6 +540,8 @@ export class Fencing {
       kubeletSeenAlive: this.kubeletSeenAlive,
     });
     this.verdict = { ...v, at: this.now() };
+    // Away for everyone (or no one to tell): the kubelets could not renew either.
+    if (v.kind === "outage" || v.kind === "no-peers" || v.kind === "inconclusive") this.apiReachableSince = undefined;
     this.m.verdicts.inc({ kind: v.kind });
     this.badRounds = v.neutral ? this.badRounds : v.healthy ? 0 : this.badRounds + 1;
     this.m.badRounds.set(this.badRounds);
@@ -766,21 +808,45 @@ export class Fencing {
 
   // ---- state on disk ---------------------------------------------------------------------
 
-  /** The previous agent's status when it is recent enough to continue from, and its peer list in any case. */
-  private async readPreviousStatus(cfg: FencingConfig): Promise<[FencingStatus | undefined, Peer[], boolean]> {
+  /**
+   * The previous agent's status when it is recent enough to continue from, its peer list in any
+   * case, and what it knew about the kubelet when it is from this boot and younger than the
+   * watchdog timeout (an agent down longer either disarmed on the way out or the node rebooted):
+   * a crash must not restart the kubelet count.
+   */
+  private async readPreviousStatus(
+    cfg: FencingConfig,
+  ): Promise<
+    [
+      FencingStatus | undefined,
+      Peer[],
+      { seenAlive: boolean; apiReachableSince?: number; renewSeenAt?: number } | undefined,
+    ]
+  > {
+    this.bootId ||= await readBootId();
     let s: FencingStatus;
     try {
       s = JSON.parse(await readFile(path.join(this.o.root, PATHS.fencingStatus), "utf8")) as FencingStatus;
     } catch {
-      return [undefined, [], false];
+      return [undefined, [], undefined];
     }
-    if (s.node !== this.o.nodeName) return [undefined, [], false];
-    const kubeletSeenAlive = s.kubeletSeenAlive === true;
-    if (s.nodeGroup !== cfg.nodeGroup) return [undefined, [], kubeletSeenAlive];
+    if (s.node !== this.o.nodeName) return [undefined, [], undefined];
+    const age = this.now() - Date.parse(s.updatedAt);
+    const watchdogMs = (this.o.watchdogTimeoutSeconds ?? DEFAULT_WATCHDOG_TIMEOUT_SECONDS) * 1000;
+    const ms = (iso: string | undefined) => (iso ? Date.parse(iso) : Number.NaN);
+    const kubelet =
+      s.bootId === this.bootId && this.bootId !== "" && age <= watchdogMs
+        ? {
+            seenAlive: s.kubeletSeenAlive === true,
+            ...(Number.isFinite(ms(s.apiReachableSince)) ? { apiReachableSince: ms(s.apiReachableSince) } : {}),
+            ...(Number.isFinite(ms(s.kubeletRenewSeenAt)) ? { renewSeenAt: ms(s.kubeletRenewSeenAt) } : {}),
+          }
+        : undefined;
+    if (s.nodeGroup !== cfg.nodeGroup) return [undefined, [], kubelet];
     const peers = Array.isArray(s.peers) ? s.peers : [];
     // A status older than one detection window says nothing about now.
-    const recent = this.now() - Date.parse(s.updatedAt) <= detectionWindowMs(this.t) + this.t.checkIntervalMs;
-    return [recent ? s : undefined, peers, kubeletSeenAlive];
+    const recent = age <= detectionWindowMs(this.t) + this.t.checkIntervalMs;
+    return [recent ? s : undefined, peers, kubelet];
   }
 
   private async writeStatus(): Promise<void> {
