@@ -22,6 +22,7 @@ import { WatchHub } from "./server/watch.ts";
 import { ChecksumGate } from "./checksum-gate.ts";
 import { freshness } from "./freshness.ts";
 import { LEASES, whileLeading, type Leadership, type LeaseTiming } from "./leadership.ts";
+import { sleep } from "../lib/sleep.ts";
 import { runControllers, type RunControllersOptions } from "./controllers/run.ts";
 import { DirectorySource } from "./sources/directory.ts";
 import { KubeSource } from "./sources/kube.ts";
@@ -182,10 +183,19 @@ export async function startBundleServer(o: AppOptions): Promise<App> {
         // Render from inputs at least as new as the last leader's before writing anything, so
         // the Secret never goes back to an older checksum.
         void (async () => {
-          try {
-            await source.resync?.();
-          } catch (err) {
-            log.warn({ err: (err as Error).message }, "cannot re-read the inputs; rendering from the cache");
+          // Until every input is re-read nothing is written: a cache that may be older than
+          // the last leader's writes could put an older checksum back.
+          for (let delayMs = 1000; source.resync && !signal.aborted; delayMs = Math.min(delayMs * 2, 10_000)) {
+            try {
+              await source.resync();
+              break;
+            } catch (err) {
+              log.warn(
+                { err: (err as Error).message, retryInMs: delayMs },
+                "cannot re-read the inputs; not writing yet",
+              );
+              await sleep(delayMs, signal);
+            }
           }
           if (signal.aborted) return;
           leading = true;
