@@ -23,6 +23,7 @@ import { ChecksumGate } from "./checksum-gate.ts";
 import { freshness } from "./freshness.ts";
 import { LEASES, whileLeading, type Leadership, type LeaseTiming } from "./leadership.ts";
 import { sleep } from "../lib/sleep.ts";
+import { Backoff } from "../lib/backoff.ts";
 import { runControllers, type RunControllersOptions } from "./controllers/run.ts";
 import { DirectorySource } from "./sources/directory.ts";
 import { KubeSource } from "./sources/kube.ts";
@@ -185,16 +186,15 @@ export async function startBundleServer(o: AppOptions): Promise<App> {
         void (async () => {
           // Until every input is re-read nothing is written: a cache that may be older than
           // the last leader's writes could put an older checksum back.
-          for (let delayMs = 1000; source.resync && !signal.aborted; delayMs = Math.min(delayMs * 2, 10_000)) {
+          const backoff = new Backoff({ baseMs: 1000, maxMs: 10_000 });
+          while (source.resync && !signal.aborted) {
             try {
               await source.resync();
               break;
             } catch (err) {
-              log.warn(
-                { err: (err as Error).message, retryInMs: delayMs },
-                "cannot re-read the inputs; not writing yet",
-              );
-              await sleep(delayMs, signal);
+              const retryInMs = backoff.next();
+              log.warn({ err: (err as Error).message, retryInMs }, "cannot re-read the inputs; not writing yet");
+              await sleep(retryInMs, signal);
             }
           }
           if (signal.aborted) return;

@@ -140,7 +140,7 @@ export class Informer<T extends KubeObject = KubeObject> {
           rv = ev.object.metadata?.resourceVersion ?? rv;
           if (ev.type === "BOOKMARK") continue;
           const obj = this.o.trim ? this.o.trim(ev.object) : ev.object;
-          const key = keyOf(obj);
+          const key = keyOf(ev.object); // as the list keys it: a trim may drop the namespace
           const previous = this.objects.get(key);
           if (ev.type === "DELETED") this.objects.delete(key);
           else this.objects.set(key, obj);

@@ -7,7 +7,7 @@ import os from "node:os";
 import { randomBytes } from "node:crypto";
 import type { Logger } from "./log/log.ts";
 import type { KubeClient } from "./kube/client.ts";
-import { createLease, getLease, updateLease, type KubeObject } from "./kube/api.ts";
+import { createLease, getLease, microTime, updateLease, type KubeObject } from "./kube/api.ts";
 import { isConflict, isNotFound } from "./kube/errors.ts";
 import { sleep } from "./sleep.ts";
 
@@ -34,8 +34,6 @@ interface LeaseSpec {
   renewTime?: string;
   leaseTransitions?: number;
 }
-
-const micro = (ms: number) => new Date(ms).toISOString().replace("Z", "000Z");
 
 export class LeaderElection {
   readonly identity: string;
@@ -116,8 +114,8 @@ export class LeaderElection {
       const spec: LeaseSpec = {
         holderIdentity: this.identity,
         leaseDurationSeconds: this.o.leaseDurationSeconds ?? 15,
-        acquireTime: micro(now),
-        renewTime: micro(now),
+        acquireTime: microTime(now),
+        renewTime: microTime(now),
         leaseTransitions: 0,
       };
       try {
@@ -141,8 +139,8 @@ export class LeaderElection {
       ...spec,
       holderIdentity: this.identity,
       leaseDurationSeconds: this.o.leaseDurationSeconds ?? 15,
-      renewTime: micro(now),
-      ...(mine ? {} : { acquireTime: micro(now), leaseTransitions: (spec.leaseTransitions ?? 0) + 1 }),
+      renewTime: microTime(now),
+      ...(mine ? {} : { acquireTime: microTime(now), leaseTransitions: (spec.leaseTransitions ?? 0) + 1 }),
     };
     try {
       await updateLease(client, { ...lease, spec: next }, { timeoutMs: 5000 });
@@ -160,7 +158,7 @@ export class LeaderElection {
     if (spec.holderIdentity !== this.identity) return;
     await updateLease(
       this.o.client,
-      { ...lease, spec: { ...spec, holderIdentity: "", renewTime: micro(0) } },
+      { ...lease, spec: { ...spec, holderIdentity: "", renewTime: microTime(0) } },
       { timeoutMs: 3000 },
     );
   }

@@ -161,6 +161,11 @@ export class Fencing {
   private readonly o: FencingOptions;
   private readonly log: Logger;
   private readonly t: AgentTimings;
+  /** Derived from the timings once: the pet timer reads them every pet. */
+  private readonly verdictMaxAgeMs: number;
+  private readonly kubeletWindowMs: number | undefined;
+  /** When this boot started (epoch ms): a kubelet Lease renewed before it is the previous boot's. */
+  private readonly bootedAt = Date.now() - uptime() * 1000;
   private readonly m: Metrics;
   private readonly now: () => number;
   private readonly watchdog: Watchdog;
@@ -207,13 +212,11 @@ export class Fencing {
     this.o = o;
     this.log = o.log.child({ component: "fencing" });
     this.t = { ...DEFAULT_AGENT_TIMINGS, ...o.timings };
+    this.verdictMaxAgeMs = verdictMaxAgeMs(this.t);
+    this.kubeletWindowMs = kubeletWindowMs(this.t);
     this.m = metrics(o.metrics);
     this.now = o.clock ?? Date.now;
     this.watchdog = new Watchdog(path.join(o.root, o.device ?? "/dev/watchdog"));
-  }
-
-  get timings(): AgentTimings {
-    return this.t;
   }
 
   /** Applies the node group's fencing setting; undefined turns fencing off (disarm, unlabel). */
@@ -226,7 +229,8 @@ export class Fencing {
       if (cfg) await this.startup(cfg);
       else await this.writeStatus();
     });
-    this.chain = next.catch((err) => this.log.error({ err: (err as Error).message }, "fencing: configure failed"));
+    // The caller logs a failure (startFencing); the chain only must not stay rejected.
+    this.chain = next.catch(() => undefined);
     return next;
   }
 
@@ -335,7 +339,9 @@ export class Fencing {
     this.petTimer = undefined;
     // A round in flight may wait for its API and peer deadlines; it cannot arm or label any
     // more (both check `running`), so waiting for it is bounded and short.
-    await Promise.race([r.loop.catch(() => undefined), new Promise((res) => setTimeout(res, 1000))]);
+    // At most a second for the loop to finish; the timer goes with it so it does not hold exit.
+    const loopDone = new AbortController();
+    await Promise.race([r.loop.catch(() => undefined).finally(() => loopDone.abort()), sleep(1000, loopDone.signal)]);
     const fenceInProgress = this.fencingNow && this.watchdog.isOpen;
     try {
       if (this.labelled) await this.unlabel(2_000);
@@ -425,7 +431,7 @@ export class Fencing {
    */
   private shouldPet(): boolean {
     const v = this.verdict;
-    return !!v && !this.fencingNow && this.now() - v.at <= verdictMaxAgeMs(this.t) && !this.kubeletWindowPassed();
+    return !!v && !this.fencingNow && this.now() - v.at <= this.verdictMaxAgeMs && !this.kubeletWindowPassed();
   }
 
   /**
@@ -434,7 +440,7 @@ export class Fencing {
    * as the rule counts it, is older than the kubelet window the node stated.
    */
   private kubeletWindowPassed(): boolean {
-    const windowMs = kubeletWindowMs(this.t);
+    const windowMs = this.kubeletWindowMs;
     // Only while the last check read the Lease (none: the cluster side has nothing to count
     // either), and not before this process's first check: a restarted agent's first pet must go
     // out at once.
@@ -524,7 +530,7 @@ export class Fencing {
     const staleSeconds = this.t.kubeletStaleMs > 0 ? this.t.kubeletStaleMs / 1000 : undefined;
     const age = api.result === "ok" ? api.kubeletLeaseAgeSeconds : undefined;
     // Renewed since this boot (a fast reboot leaves a Lease young enough to pass for alive).
-    const sinceBoot = (api.kubeletLeaseRenewedAt ?? 0) > Date.now() - uptime() * 1000;
+    const sinceBoot = (api.kubeletLeaseRenewedAt ?? 0) > this.bootedAt;
     if (staleSeconds !== undefined && age !== undefined && age <= staleSeconds && sinceBoot && !this.kubeletSeenAlive) {
       this.kubeletSeenAlive = true;
       this.log.info(
@@ -635,7 +641,7 @@ export class Fencing {
   }
 
   private timingsAnnotation(): string {
-    const kubelet = kubeletWindowMs(this.t);
+    const kubelet = this.kubeletWindowMs;
     return formatAgentTimingsAnnotation(
       this.info?.timeoutSeconds ?? this.o.watchdogTimeoutSeconds ?? DEFAULT_WATCHDOG_TIMEOUT_SECONDS,
       Math.ceil(detectionWindowMs(this.t) / 1000),

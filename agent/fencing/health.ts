@@ -3,6 +3,7 @@
 // node's own kubelet Lease: a few hundred bytes, authorized for the node by the Node authorizer,
 // and it tells how long ago the kubelet last renewed, which is what the cluster side fences on.
 import type { KubeClient } from "../../lib/kube/client.ts";
+import { getLease } from "../../lib/kube/api.ts";
 import { KubeError, KubeStatusError } from "../../lib/kube/errors.ts";
 
 export type ApiResult =
@@ -68,12 +69,9 @@ export async function checkApi(
   const at = now();
   if (!client) return { result: "no-client", reached: false, at, durationMs: 0, detail: "no cluster credentials" };
   try {
-    const lease = await client.request<{ spec?: { renewTime?: string } }>(
-      "GET",
-      `/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/${encodeURIComponent(nodeName)}`,
-      { timeoutMs },
-    );
-    const renew = lease.spec?.renewTime ? Date.parse(lease.spec.renewTime) : Number.NaN;
+    const lease = await getLease(client, "kube-node-lease", nodeName, { timeoutMs });
+    const renewTime = (lease.spec as { renewTime?: string } | undefined)?.renewTime;
+    const renew = renewTime ? Date.parse(renewTime) : Number.NaN;
     const done = now();
     return {
       result: "ok",

@@ -7,7 +7,7 @@
 // and must never wait behind the libuv thread pool. Node opens every descriptor O_CLOEXEC, so
 // the converge child never inherits the device (a child holding it open would keep it armed
 // after the agent closed it).
-import { closeSync, constants, open as fsOpen, openSync, writeSync } from "node:fs";
+import { closeSync, constants, open as fsOpen, writeSync } from "node:fs";
 import { readFile, stat } from "node:fs/promises";
 import path from "node:path";
 
@@ -127,9 +127,4 @@ export class Watchdog {
       // already closed: nothing left to release
     }
   }
-}
-
-/** Opens a path with O_WRONLY|O_NONBLOCK, synchronously; for tools and tests that stand in for the agent. */
-export function openWatchdogSync(device: string): number {
-  return openSync(device, constants.O_WRONLY | constants.O_NONBLOCK);
 }

@@ -31,6 +31,8 @@ export interface UpdateControllerOptions {
   statusIntervalMs?: number;
   /** Longest time between passes when nothing happens (re-reads the clock; no API calls); default 30 s. */
   recheckMs?: number;
+  /** Also told every event of the managed Nodes' watch (another controller sharing it). */
+  onNodeEvent?: (ev: InformerEvent<KubeObject>) => void;
 }
 
 export const DEFAULTS = { evictionRetryMs: 20_000, drainTimeoutMs: 300_000, statusIntervalMs: 1000, recheckMs: 30_000 };
@@ -44,7 +46,8 @@ export class UpdateController {
   private readonly o: UpdateControllerOptions;
   private readonly log: Logger;
   private readonly now: () => number;
-  private readonly nodes: Informer;
+  /** The managed Nodes (trimNode), shared with the kubelet serving approver. */
+  readonly nodes: Informer;
   private readonly groups: Informer;
   private readonly secret: Informer;
   private readonly events: EventRecorder;
@@ -139,6 +142,7 @@ export class UpdateController {
   }
 
   private onNodeEvent(ev: InformerEvent<KubeObject>): void {
+    this.o.onNodeEvent?.(ev);
     if (ev.type === "SYNC") this.pending.clear();
     else {
       const name = ev.object.metadata.name;

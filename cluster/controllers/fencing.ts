@@ -252,10 +252,7 @@ const renewOf = (l: KubeObject) => (l.spec as LeaseSpec | undefined)?.renewTime 
  * Runs the controller on the leader only (a Lease in d8-cloud-instance-manager). Validates the
  * timings first: an unsafe threshold is refused before anything starts.
  */
-export function startFencingController(o: FencingControllerOptions): {
-  stop(): Promise<void>;
-  current(): FencingController | undefined;
-} {
+export function startFencingController(o: FencingControllerOptions): { stop(): Promise<void> } {
   fencingTimings(o.timings);
   let controller: FencingController | undefined;
   const election = new LeaderElection({
@@ -273,13 +270,8 @@ export function startFencingController(o: FencingControllerOptions): {
       controller = undefined;
     },
   });
-  return {
-    current: () => controller,
-    async stop() {
-      await election.stop();
-      controller?.stop();
-    },
-  };
+  // Stopping the election steps down, which stops the controller (onStop).
+  return { stop: () => election.stop() };
 }
 
 // ---- `bashible server` flags -----------------------------------------------------------------

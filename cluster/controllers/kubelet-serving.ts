@@ -13,7 +13,8 @@ import type { KubeClient } from "../../lib/kube/client.ts";
 import type { Logger } from "../../lib/log/log.ts";
 import type { KubeObject } from "../../lib/kube/api.ts";
 import { isConflict, isNotFound } from "../../lib/kube/errors.ts";
-import { Informer } from "../../lib/informer.ts";
+import { Informer, type InformerEvent } from "../../lib/informer.ts";
+import { Backoff } from "../../lib/backoff.ts";
 import { parseCsr, type CsrInfo } from "../../lib/pkcs10.ts";
 import { NODE_KEYS } from "../../bundles/names.ts";
 
@@ -187,16 +188,24 @@ export class KubeletServingApprover {
   private readonly log: Logger;
   private readonly csrs: Informer<Csr>;
   private readonly nodes: Informer<NodeAddresses>;
+  /** The Nodes' watch belongs to someone else (the update controller), who forwards its events. */
+  private readonly sharedNodes: boolean;
   /** Pending CSRs that wait, with the last reason logged (logged once per reason). */
   private readonly waiting = new Map<string, string>();
-  private readonly busy = new Set<string>();
   /** Failed writes retried with a growing delay, per CSR. */
-  private readonly retries = new Map<string, { timer: NodeJS.Timeout; delayMs: number }>();
+  private readonly retries = new Map<string, { timer: NodeJS.Timeout; backoff: Backoff }>();
   private apiServer: { addresses: Set<string>; at: number } | undefined;
   private passQueued = false;
+  /** One pass at a time; a pass asked for while one runs follows it. */
+  private passRunning = false;
+  private passAgain = false;
   private stopped = false;
 
-  constructor(o: { client: KubeClient; log: Logger }) {
+  /**
+   * `nodes`: an informer of the managed Nodes that keeps `status.addresses`, run by its owner, who
+   * calls onNodeEvent() for each of its events; without it the approver runs its own.
+   */
+  constructor(o: { client: KubeClient; log: Logger; nodes?: Informer<NodeAddresses> }) {
     this.client = o.client;
     this.log = o.log;
     this.csrs = new Informer<Csr>({
@@ -211,26 +220,33 @@ export class KubeletServingApprover {
         this.queuePass();
       },
     });
-    this.nodes = new Informer<NodeAddresses>({
-      client: o.client,
-      path: "/api/v1/nodes",
-      labelSelector: NODE_KEYS.group,
-      log: o.log,
-      // Only the addresses: a Node's status (images, conditions) would otherwise sit in memory.
-      trim: (n) => ({
-        metadata: { name: n.metadata.name, resourceVersion: n.metadata.resourceVersion },
-        status: { addresses: n.status?.addresses ?? [] },
-      }),
-      // The first list may come after the CSRs'; later, a node reporting its addresses may be
-      // what a waiting CSR needs.
-      onEvent: (ev) => {
-        if (ev.type === "SYNC" || this.waiting.size) this.queuePass();
-      },
-    });
+    this.sharedNodes = o.nodes !== undefined;
+    this.nodes =
+      o.nodes ??
+      new Informer<NodeAddresses>({
+        client: o.client,
+        path: "/api/v1/nodes",
+        labelSelector: NODE_KEYS.group,
+        log: o.log,
+        // Only the addresses: a Node's status (images, conditions) would otherwise sit in memory.
+        trim: (n) => ({
+          metadata: { name: n.metadata.name, resourceVersion: n.metadata.resourceVersion },
+          status: { addresses: n.status?.addresses ?? [] },
+        }),
+        onEvent: (ev) => this.onNodeEvent(ev),
+      });
+  }
+
+  /**
+   * A managed Node changed. The first list may come after the CSRs'; later, a node reporting its
+   * addresses may be what a waiting CSR needs.
+   */
+  onNodeEvent(ev: InformerEvent<KubeObject>): void {
+    if (ev.type === "SYNC" || this.waiting.size) this.queuePass();
   }
 
   start(): void {
-    this.nodes.run();
+    if (!this.sharedNodes) this.nodes.run();
     this.csrs.run();
   }
 
@@ -239,7 +255,7 @@ export class KubeletServingApprover {
     for (const r of this.retries.values()) clearTimeout(r.timer);
     this.retries.clear();
     this.csrs.stop();
-    this.nodes.stop();
+    if (!this.sharedNodes) this.nodes.stop();
   }
 
   /** One pass over the pending CSRs for a burst of events (a rollout touches many Nodes). */
@@ -248,8 +264,26 @@ export class KubeletServingApprover {
     this.passQueued = true;
     setTimeout(() => {
       this.passQueued = false;
-      this.pass().catch((err) => this.log.warn({ err: (err as Error).message }, "kubelet serving CSRs: pass failed"));
+      void this.runPass();
     }, 50).unref();
+  }
+
+  private async runPass(): Promise<void> {
+    if (this.passRunning) {
+      this.passAgain = true;
+      return;
+    }
+    this.passRunning = true;
+    try {
+      do {
+        this.passAgain = false;
+        await this.pass().catch((err) =>
+          this.log.warn({ err: (err as Error).message }, "kubelet serving CSRs: pass failed"),
+        );
+      } while (this.passAgain && !this.stopped);
+    } finally {
+      this.passRunning = false;
+    }
   }
 
   private forget(name: string): void {
@@ -319,16 +353,16 @@ export class KubeletServingApprover {
   /** Another try after a failed write, 5 s doubling to 5 minutes (no watch event may come). */
   private retryLater(name: string): void {
     if (this.stopped) return;
-    const delayMs = Math.min(300_000, (this.retries.get(name)?.delayMs ?? 2_500) * 2);
-    const timer = setTimeout(() => this.queuePass(), delayMs);
+    const previous = this.retries.get(name);
+    if (previous) clearTimeout(previous.timer);
+    const backoff = previous?.backoff ?? new Backoff({ baseMs: 5_000, maxMs: 300_000 });
+    const timer = setTimeout(() => this.queuePass(), backoff.next());
     timer.unref();
-    this.retries.set(name, { timer, delayMs });
+    this.retries.set(name, { timer, backoff });
   }
 
   private async decide(csr: Csr, known: Known): Promise<void> {
     const name = csr.metadata.name;
-    if (this.busy.has(name)) return;
-    this.busy.add(name);
     try {
       const nodeName = (csr.spec.username ?? "").slice(NODE_USER_PREFIX.length);
       const v = judge(csr, this.nodes.objects.get(nodeName), known);
@@ -366,12 +400,10 @@ export class KubeletServingApprover {
       else this.log.warn({ csr: name, reason: v.reason }, "kubelet serving CSR denied");
     } catch (err) {
       if (isNotFound(err)) return this.forget(name);
-      // A conflict: the CSR changed meanwhile; its event may have come while this one was busy.
+      // A conflict: the CSR changed meanwhile; its event may have come during this pass.
       if (!isConflict(err))
         this.log.warn({ csr: name, err: (err as Error).message }, "cannot decide a kubelet serving CSR; retrying");
       this.retryLater(name);
-    } finally {
-      this.busy.delete(name);
     }
   }
 }

@@ -51,7 +51,7 @@ export interface NodeView {
 
 interface NodeObject extends KubeObject {
   spec?: { unschedulable?: boolean };
-  status?: { conditions?: { type: string; status: string }[] };
+  status?: { conditions?: { type: string; status: string }[]; addresses?: { type: string; address: string }[] };
 }
 
 /** The part of a Node the controllers keep (a Node's status is large; 10,000 of them add up). */
@@ -72,7 +72,11 @@ export function trimNode(n: KubeObject): KubeObject {
       annotations,
     },
     spec: { unschedulable: node.spec?.unschedulable === true },
-    status: { conditions: ready ? [{ type: "Ready", status: ready.status }] : [] },
+    // The addresses are for the kubelet serving approver, which shares this watch.
+    status: {
+      conditions: ready ? [{ type: "Ready", status: ready.status }] : [],
+      addresses: node.status?.addresses ?? [],
+    },
   };
 }
 

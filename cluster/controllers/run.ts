@@ -28,9 +28,17 @@ export function runControllers(o: RunControllersOptions): Leadership {
       retryMs: o.retryMs,
     },
     (signal) => {
-      const c = new UpdateController({ ...o.controller, client: o.client, log: o.log, namespace: o.namespace });
+      // One watch of the managed Nodes for both: the approver reads the addresses trimNode keeps.
+      let serving: KubeletServingApprover | undefined;
+      const c = new UpdateController({
+        ...o.controller,
+        client: o.client,
+        log: o.log,
+        namespace: o.namespace,
+        onNodeEvent: (ev) => serving?.onNodeEvent(ev),
+      });
       const init = new InitializedController({ client: o.client, log: o.log });
-      const serving = new KubeletServingApprover({ client: o.client, log: o.log });
+      serving = new KubeletServingApprover({ client: o.client, log: o.log, nodes: c.nodes });
       c.start();
       init.start();
       serving.start();

@@ -55,12 +55,14 @@ export class KubeSource implements Source {
     const onEvent = (ev: InformerEvent<KubeObject>) => {
       // A status write (the controllers' NodeGroup status) leaves generation alone and changes
       // nothing that renders.
-      const generation = ev.type === "MODIFIED" ? ev.previous?.metadata.generation : undefined;
-      if (ev.type === "MODIFIED" && generation !== undefined && generation === ev.object.metadata.generation) return;
+      if (ev.type === "MODIFIED") {
+        const generation = ev.previous?.metadata.generation;
+        if (generation !== undefined && generation === ev.object.metadata.generation) return;
+      }
       onChange();
     };
     const mk = (path: string, fieldSelector?: string) =>
-      new Informer({ client: this.client, path, log: this.log, onEvent, ...(fieldSelector ? { fieldSelector } : {}) });
+      new Informer({ client: this.client, path, log: this.log, onEvent, fieldSelector });
     this.nodeGroups = mk("/apis/deckhouse.io/v1/nodegroups");
     this.configurations = mk("/apis/deckhouse.io/v1alpha1/nodegroupconfigurations");
     this.users = mk("/apis/deckhouse.io/v1/nodeusers");
@@ -69,11 +71,11 @@ export class KubeSource implements Source {
     );
     this.informers = [this.nodeGroups, this.configurations, this.users, ...this.contextSecrets];
     await Promise.all(
-      this.informers.map(async (i, n) => {
+      this.informers.map(async (i) => {
         try {
           await i.start();
         } catch (err) {
-          if (isNotFound(err) && n < 3) {
+          if (isNotFound(err) && i.path.includes("deckhouse.io")) {
             throw new Error(
               `${i.path} is not served: install the CRDs (bashible server --install-crds, or kubectl apply -f cluster/crds/)`,
               { cause: err },

@@ -111,6 +111,9 @@ export const deletePod = (c: KubeClient, namespace: string, name: string, graceP
     },
   });
 
+/** A Lease's MicroTime (RFC 3339 with microseconds), as the API server writes it. */
+export const microTime = (ms: number) => new Date(ms).toISOString().replace("Z", "000Z");
+
 export const getLease = (c: KubeClient, namespace: string, name: string, o?: Opts) =>
   c.request<KubeObject>("GET", `${leases(namespace)}/${enc(name)}`, o);
 

@@ -10,7 +10,6 @@ import {
   KubeTimeoutError,
   ResponseTooLargeError,
 } from "./errors.ts";
-export { ResponseTooLargeError };
 import type { KubeConnection } from "./kubeconfig.ts";
 
 export type Query = Record<string, string | number | boolean | undefined>;

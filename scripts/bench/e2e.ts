@@ -20,6 +20,7 @@ import { getNode, joinMachine, type Line, startWorld } from "../../test/e2e/lib/
 import type { NspawnNode } from "../../test/lib/nspawn-node.ts";
 import { NODE_KEYS } from "../../bundles/names.ts";
 import { PATHS } from "../../bundles/paths.ts";
+import { sleep } from "../../lib/sleep.ts";
 
 const { values } = parseArgs({
   options: {
@@ -44,7 +45,6 @@ const median = (xs: number[]) => {
 };
 const sec = (ms: number) => `${(ms / 1000).toFixed(1)} s`;
 const mb = (kb: number) => `${(kb / 1024).toFixed(1)} MB`;
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 if (process.getuid?.() !== 0) {
   console.error("bench e2e: needs root (systemd-nspawn machines, a control plane)");
@@ -176,14 +176,10 @@ try {
          b=$(pgrep -f "setInterval" | head -1); awk '/^VmRSS:/ {print "bare", $2}' /proc/$b/status`,
       );
       let sum = 0;
-      const procs = new Set<string>();
       for (const line of out.trim().split("\n")) {
         const [pid, key, kb] = line.split(/\s+/);
         if (pid === "bare") bareKb.push(Number(key));
-        else if (key === "VmRSS:") {
-          sum += Number(kb);
-          procs.add(pid as string);
-        }
+        else if (key === "VmRSS:") sum += Number(kb);
       }
       agentKb.push(sum);
       if (i === 0) breakdown.push(out.trim());

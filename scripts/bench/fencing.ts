@@ -13,7 +13,7 @@
 //    (every fencing timing divided by K, the outage too). Goal: 0 nodes stop petting.
 // 4. rss: the resident agent with fencing on (Watchdog) vs off, side by side. Goal: <= +3 MB.
 import { spawn, type ChildProcess } from "node:child_process";
-import { mkdtemp, readFile, writeFile } from "node:fs/promises";
+import { mkdtemp, readFile, rename, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { parseArgs } from "node:util";
@@ -22,9 +22,10 @@ import { startControlPlane } from "../../test/lib/control-plane.ts";
 import { type FencingCluster, startFencingCluster } from "../../test/fixtures/fencing.ts";
 import { makeBundle, script } from "../../test/fixtures/bundle.ts";
 import { waitFor } from "../../test/fixtures/cli.ts";
-import { detectionWindowMs } from "../../bundles/fencing.ts";
+import { DEFAULT_AGENT_TIMINGS, detectionWindowMs } from "../../bundles/fencing.ts";
 import { parseTimings } from "../../agent/fencing/options.ts";
-import { DEFAULT_AGENT_TIMINGS } from "../../bundles/fencing.ts";
+import { microTime } from "../../lib/kube/api.ts";
+import { sleep } from "../../lib/sleep.ts";
 
 const { values } = parseArgs({
   options: {
@@ -52,7 +53,6 @@ const pct = (xs: number[], p: number) => {
   return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))] ?? Number.NaN;
 };
 const median = (xs: number[]) => pct(xs, 50);
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 async function rssKb(pid: number, field = "VmRSS"): Promise<number> {
   const m = new RegExp(`${field}:\\s+(\\d+)`).exec(await readFile(`/proc/${pid}/status`, "utf8"));
   return Number(m?.[1] ?? 0);
@@ -100,7 +100,7 @@ try {
           context: JSON.parse(await readFile(n.bundleFile, "utf8")).context,
         });
         await writeFile(`${n.bundleFile}.tmp`, JSON.stringify(b));
-        await import("node:fs/promises").then((fs) => fs.rename(`${n.bundleFile}.tmp`, n.bundleFile));
+        await rename(`${n.bundleFile}.tmp`, n.bundleFile);
         await done.catch(() => undefined);
         converges++;
       }
@@ -209,7 +209,7 @@ try {
     // Kubelets renew their Leases every 10 s (compressed), cannot during the outage, and come back
     // 7 s after it (a kubelet's retry backoff): the agents' kubelet rule must not fence anyone.
     const leases = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases";
-    const micro = () => new Date().toISOString().replace("Z", "000Z");
+    const micro = () => microTime(Date.now());
     for (const n of c.nodes)
       await cp.admin.request("POST", leases, {
         body: {

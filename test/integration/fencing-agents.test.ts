@@ -8,7 +8,7 @@ import { withControlPlane } from "../fixtures/control-plane.ts";
 import { type FencingCluster, type FencingNode, startFencingCluster } from "../fixtures/fencing.ts";
 import { waitFor } from "../fixtures/cli.ts";
 import { uptime } from "node:os";
-import { getNode } from "../../lib/kube/api.ts";
+import { getNode, microTime } from "../../lib/kube/api.ts";
 import { NODE_KEYS } from "../../bundles/names.ts";
 
 const cp = await withControlPlane(t);
@@ -42,14 +42,14 @@ async function kubeletLease(n: FencingNode, ms: number): Promise<void> {
       spec: {
         holderIdentity: n.name,
         leaseDurationSeconds: 40,
-        renewTime: new Date(ms).toISOString().replace("Z", "000Z"),
+        renewTime: microTime(ms),
       },
     },
   });
 }
 const renewLease = (n: FencingNode) =>
   cp.admin.request("PATCH", `/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/${n.name}`, {
-    body: { spec: { renewTime: new Date().toISOString().replace("Z", "000Z") } },
+    body: { spec: { renewTime: microTime(Date.now()) } },
   });
 const deleteLease = (n: FencingNode) =>
   cp.admin.request("DELETE", `/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/${n.name}`);

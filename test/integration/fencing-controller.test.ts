@@ -7,7 +7,7 @@ import t from "tap";
 import { withControlPlane } from "../fixtures/control-plane.ts";
 import { createNode } from "../fixtures/fencing.ts";
 import { bashible, waitFor } from "../fixtures/cli.ts";
-import { createLease, getLease, getNode, list, updateLease, type KubeObject } from "../../lib/kube/api.ts";
+import { createLease, getLease, getNode, list, updateLease, type KubeObject, microTime } from "../../lib/kube/api.ts";
 import { isNotFound } from "../../lib/kube/errors.ts";
 import { createLogger } from "../../lib/log/log.ts";
 import { NAMESPACE, NODE_KEYS } from "../../bundles/names.ts";
@@ -22,7 +22,6 @@ const cp = await withControlPlane(t);
 const admin = cp.admin;
 const PODS_NS = "fence-pods";
 const log = createLogger({ level: process.env.FENCING_TEST_VERBOSE ? "debug" : "silent", to: "stderr" });
-const micro = (ms: number) => new Date(ms).toISOString().replace("Z", "000Z");
 
 await admin.request("POST", "/api/v1/namespaces", { body: { metadata: { name: NAMESPACE } } });
 await admin.request("POST", "/api/v1/namespaces", { body: { metadata: { name: PODS_NS } } });
@@ -44,7 +43,7 @@ async function fencingNode(
     apiVersion: "coordination.k8s.io/v1",
     kind: "Lease",
     metadata: { name, namespace: "kube-node-lease" },
-    spec: { holderIdentity: name, leaseDurationSeconds: 40, renewTime: micro(Date.now()) },
+    spec: { holderIdentity: name, leaseDurationSeconds: 40, renewTime: microTime(Date.now()) },
   });
   for (let i = 0; i < o.pods; i++)
     await admin.request("POST", `/api/v1/namespaces/${PODS_NS}/pods`, {
@@ -115,7 +114,7 @@ t.test(
     const renew = setInterval(async () => {
       const l = await getLease(admin, "kube-node-lease", "f-fresh").catch(() => undefined);
       if (l)
-        await updateLease(admin, { ...l, spec: { ...(l.spec as object), renewTime: micro(Date.now()) } }).catch(
+        await updateLease(admin, { ...l, spec: { ...(l.spec as object), renewTime: microTime(Date.now()) } }).catch(
           () => undefined,
         );
     }, 500);

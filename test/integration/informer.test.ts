@@ -2,9 +2,6 @@
 // rely on. The bundle server renders from informers and, as a new leader, resyncs them with a
 // quorum list before it writes; a resync that fails must not leave the inputs frozen.
 import t from "tap";
-import { mkdtemp, rm } from "node:fs/promises";
-import os from "node:os";
-import path from "node:path";
 import { pino } from "pino";
 import { Informer, type InformerEvent } from "../../lib/informer.ts";
 import { KubeClient } from "../../lib/kube/client.ts";
@@ -52,8 +49,6 @@ t.test("keeps the collection current and says what each event replaced", async (
 
 t.test("resync lists afresh; when that list fails, watching resumes on its own", async (t) => {
   // A user allowed to read this namespace's ConfigMaps by a RoleBinding the test takes away.
-  const dir = await mkdtemp(path.join(os.tmpdir(), "bashible-informer-"));
-  t.teardown(() => rm(dir, { recursive: true, force: true }));
   const reader = await cp.mintNode("reader-1");
   const client = new KubeClient(await loadKubeconfig(reader.kubeconfig));
   t.teardown(() => client.close());

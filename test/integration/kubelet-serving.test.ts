@@ -4,7 +4,7 @@
 import t from "tap";
 import { execFileSync } from "node:child_process";
 import { X509Certificate } from "node:crypto";
-import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { pino } from "pino";
@@ -42,7 +42,7 @@ let n = 0;
 /** A PKCS#10 request made by openssl, base64 as the API wants it. */
 function request(o: { cn: string; orgs?: string[]; san?: string; rsa?: boolean }): string {
   const dir = path.join(tmp, String(++n));
-  execFileSync("mkdir", ["-p", dir]);
+  mkdirSync(dir, { recursive: true });
   const subj = `${(o.orgs ?? ["system:nodes"]).map((g) => `/O=${g}`).join("")}/CN=${o.cn}`;
   const key = o.rsa ? ["-newkey", "rsa:2048"] : ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
   execFileSync("openssl", [

@@ -27,6 +27,7 @@ import type { BuiltPackage } from "../../../scripts/package.ts";
 import { registerAPIService } from "../../fixtures/bundle-server.ts";
 import { startRegistry, type Registry } from "../../fixtures/registry.ts";
 import { type ControlPlane, freePort, startControlPlane } from "../../lib/control-plane.ts";
+import { until } from "../../lib/until.ts";
 import { createCA, issueCert } from "../../lib/pki.ts";
 import { PAUSE_IMAGE } from "./images.ts";
 
@@ -281,16 +282,17 @@ export async function startE2eCluster(o: {
       serverLog,
       userKey,
       apply,
-      async bootstrapScript() {
-        const deadline = Date.now() + 60_000;
-        for (;;) {
-          const s = await getSecret(cp.admin, NAMESPACE, `manual-bootstrap-for-${GROUP}`).catch(() => undefined);
-          const b64 = (s?.data as Record<string, string> | undefined)?.["bootstrap.sh"];
-          if (b64) return Buffer.from(b64, "base64").toString("utf8");
-          if (Date.now() > deadline) throw new Error(`Secret manual-bootstrap-for-${GROUP} did not appear`);
-          await new Promise((r) => setTimeout(r, 200));
-        }
-      },
+      bootstrapScript: () =>
+        until(
+          `Secret manual-bootstrap-for-${GROUP}`,
+          async () => {
+            const s = await getSecret(cp.admin, NAMESPACE, `manual-bootstrap-for-${GROUP}`);
+            const b64 = (s.data as Record<string, string> | undefined)?.["bootstrap.sh"];
+            return b64 ? Buffer.from(b64, "base64").toString("utf8") : undefined;
+          },
+          60_000,
+          200,
+        ),
       async groupChecksum() {
         const s = await getSecret(cp.admin, NAMESPACE, SECRETS.checksums).catch(() => undefined);
         const v = (s?.data as Record<string, string> | undefined)?.[GROUP];
