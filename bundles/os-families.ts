@@ -126,3 +126,24 @@ export function bundlesSelect(bundles: readonly string[], osId: string): boolean
   const os = deckhouseOsOf(osId);
   return os !== undefined && bundles.includes(os.bundle);
 }
+
+/** Programs the steps run, and the Debian / RHEL packages that provide them. */
+export const PROGRAM_PACKAGES: Record<string, { debian: string; rhel: string }> = {
+  visudo: { debian: "sudo", rhel: "sudo" },
+  useradd: { debian: "passwd", rhel: "shadow-utils" },
+  usermod: { debian: "passwd", rhel: "shadow-utils" },
+  userdel: { debian: "passwd", rhel: "shadow-utils" },
+  groupadd: { debian: "passwd", rhel: "shadow-utils" },
+  chpasswd: { debian: "passwd", rhel: "shadow-utils" },
+  "update-ca-certificates": { debian: "ca-certificates", rhel: "ca-certificates" },
+  "update-ca-trust": { debian: "ca-certificates", rhel: "ca-certificates" },
+  tar: { debian: "tar", rhel: "tar" },
+  gzip: { debian: "gzip", rhel: "gzip" },
+  bash: { debian: "bash", rhel: "bash" },
+  pgrep: { debian: "procps", rhel: "procps-ng" },
+  pkill: { debian: "procps", rhel: "procps-ng" },
+  systemctl: { debian: "systemd", rhel: "systemd" },
+  "systemd-analyze": { debian: "systemd", rhel: "systemd" },
+  nginx: { debian: "nginx-light (with libnginx-mod-stream)", rhel: "nginx (with nginx-mod-stream)" },
+  modprobe: { debian: "kmod", rhel: "kmod" },
+};

@@ -13,9 +13,9 @@ import { cp, mkdir, mkdtemp, readFile, writeFile, readdir } from "node:fs/promis
 import os from "node:os";
 import path from "node:path";
 import { parse, stringify } from "yaml";
-import { createCA, issueCert } from "../test/lib/pki.ts";
-import { freePort } from "../test/lib/control-plane.ts";
-import { agentStandIn, binaryPackage, buildLayer, startRegistry } from "../test/fixtures/registry.ts";
+import { createCA, issueCert } from "./lib/pki.ts";
+import { freePort } from "./lib/control-plane.ts";
+import { agentStandIn, binaryPackage, buildLayer, startRegistry } from "./lib/registry.ts";
 
 const REPO = path.resolve(import.meta.dirname, "..");
 const MAIN = path.join(REPO, "agent/main.ts");

@@ -22,7 +22,7 @@
 //
 // Output: DIR/<name>/{oci-layout,index.json,blobs/sha256/*} (the tag is the version) and
 // DIR/packages.json: name → version, manifest digest (what a bundle's `packages` names), layer
-// digest, and the node paths the package installs. test/fixtures/registry.ts pushes a layout
+// digest, and the node paths the package installs. scripts/lib/registry.ts pushes a layout
 // to a registry (`pushOciLayout`).
 // biome-ignore-all lint/suspicious/noTemplateCurlyInString: those strings are bash, where ${...} is bash's
 import { execFileSync, spawn } from "node:child_process";

@@ -21,8 +21,8 @@ import { asset } from "../lib/assets.ts";
 import { PATHS } from "../bundles/paths.ts";
 import { UNITS } from "../bundles/names.ts";
 import type { BashibleServiceSpec, RegistryPackageRef } from "../bundles/types.ts";
-import type { Host } from "../agent/host/host.ts";
-import { planDir, planFile } from "../agent/host/file-plan.ts";
+import type { Host } from "../host/host.ts";
+import { planDir, planFile } from "../host/file-plan.ts";
 import type { PackageChange, Primitive, Problem, Step, StepContext } from "./types.ts";
 import { planUnit, start, unitCheck, unitPath } from "./lib/units.ts";
 

@@ -4,8 +4,8 @@
 // per-family data (TRUST_STORES); the refresh command planned is exactly the one applied.
 import { X509Certificate } from "node:crypto";
 import type { BundleFamily } from "../bundles/os-families.ts";
-import type { Host } from "../agent/host/host.ts";
-import { planAbsent, planFile } from "../agent/host/file-plan.ts";
+import type { Host } from "../host/host.ts";
+import { planAbsent, planFile } from "../host/file-plan.ts";
 import { RefusedError } from "../lib/errors.ts";
 import type { CommandChange, Primitive, Problem, Step } from "./types.ts";
 

@@ -3,7 +3,7 @@
 // and /etc/bashrc.d). As in Deckhouse the directory is prepended, so the binaries registry
 // packages install win over the distribution's, and the drop-in is executable.
 import { PATHS, PROFILE_DROP_INS } from "../bundles/paths.ts";
-import { planDir, planFile } from "../agent/host/file-plan.ts";
+import { planDir, planFile } from "../host/file-plan.ts";
 import type { Primitive, Step } from "./types.ts";
 
 const BIN_DIR = PATHS.binDir;

@@ -1,7 +1,7 @@
 // Step kind → module. Modules load on demand, so a converge only loads the steps its bundle
 // names. Each kind's spec schema is in bundles/specs.ts.
 import type { SpecOf, StepKind } from "../bundles/types.ts";
-import type { Host } from "../agent/host/host.ts";
+import type { Host } from "../host/host.ts";
 import type { Change, OwnChange, Plan, Problem, ServiceDecl, Step, StepContext } from "./types.ts";
 
 type Modules = { [K in StepKind]: () => Promise<{ default: Step<K, Change> }> };

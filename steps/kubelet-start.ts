@@ -6,7 +6,7 @@
 // kubelet-need-restart happens at the end of the run.
 import { PATHS } from "../bundles/paths.ts";
 import { UNITS } from "../bundles/names.ts";
-import type { Host } from "../agent/host/host.ts";
+import type { Host } from "../host/host.ts";
 import { sleep } from "../lib/sleep.ts";
 import type { ScriptChange, Step } from "./types.ts";
 import { unitState } from "./lib/units.ts";

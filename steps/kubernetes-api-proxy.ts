@@ -18,7 +18,7 @@ import type { BundleFamily } from "../bundles/os-families.ts";
 import { PATHS } from "../bundles/paths.ts";
 import { UNITS } from "../bundles/names.ts";
 import type { KubernetesApiProxySpec } from "../bundles/types.ts";
-import { planDir, planFile } from "../agent/host/file-plan.ts";
+import { planDir, planFile } from "../host/file-plan.ts";
 import { RefusedError } from "../lib/errors.ts";
 import type { Primitive, Step } from "./types.ts";
 import { planUnit, start } from "./lib/units.ts";

@@ -14,8 +14,8 @@
 import type { NodeUserSpec } from "../bundles/types.ts";
 import { NODE_USERS } from "../bundles/paths.ts";
 import { PRIVILEGED_GROUPS } from "../bundles/rules.ts";
-import type { Host } from "../agent/host/host.ts";
-import { planDir, planFile } from "../agent/host/file-plan.ts";
+import type { Host } from "../host/host.ts";
+import { planDir, planFile } from "../host/file-plan.ts";
 import type { Primitive, Problem, Step, StepContext, UserChange } from "./types.ts";
 
 const {

@@ -21,8 +21,8 @@ import type { RegistryPackageRef } from "../bundles/types.ts";
 import { PATHS } from "../bundles/paths.ts";
 import { DIGEST } from "../bundles/rules.ts";
 import { RefusedError } from "../lib/errors.ts";
-import type { Host } from "../agent/host/host.ts";
-import { planDir } from "../agent/host/file-plan.ts";
+import type { Host } from "../host/host.ts";
+import { planDir } from "../host/file-plan.ts";
 import type { PackageChange, Primitive, Step, StepContext } from "./types.ts";
 
 export const STORE = PATHS.packageStore;

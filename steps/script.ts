@@ -14,7 +14,7 @@ import { sha256Hex } from "../bundles/checksum.ts";
 import { bundlesSelect, deckhouseOsOf } from "../bundles/os-families.ts";
 import { asset } from "../lib/assets.ts";
 import { PATHS, STATE_DIR } from "../bundles/paths.ts";
-import { CommandError, type Host } from "../agent/host/host.ts";
+import { CommandError, type Host } from "../host/host.ts";
 import type { ScriptSpec } from "../bundles/types.ts";
 import type { ScriptChange, Step, StepContext } from "./types.ts";
 

@@ -8,8 +8,11 @@
 // Adding a step: docs/steps.md, "Adding a step".
 import type { Logger } from "../lib/log/log.ts";
 import type { KubeClient } from "../lib/kube/client.ts";
-import type { Host } from "../agent/host/host.ts";
-import type { Primitive } from "../agent/host/changes.ts";
+import type { Host } from "../host/host.ts";
+import type { Primitive } from "../host/changes.ts";
+import type { Flags } from "../host/flags.ts";
+
+export type { Flags } from "../host/flags.ts";
 import type { NodeGroupBundle, SpecOf, StepKind } from "../bundles/types.ts";
 
 export type {
@@ -21,7 +24,7 @@ export type {
   ServiceChange,
   SymlinkChange,
   UnitChange,
-} from "../agent/host/changes.ts";
+} from "../host/changes.ts";
 
 /** NodeUsers' own change: an account created, updated or removed with the shadow tools. */
 export interface UserChange {
@@ -88,14 +91,6 @@ export interface ServiceDecl {
    * `containerd-need-restart` for containerd-deckhouse.service, say).
    */
   flags?: string[];
-}
-
-/** Deckhouse's run flags (/var/lib/bashible/.bb-workspace/flag): reboot, disruption, …. */
-export interface Flags {
-  has(name: string): Promise<boolean>;
-  set(name: string, why: string): Promise<void>;
-  unset(name: string): Promise<void>;
-  list(): Promise<string[]>;
 }
 
 export interface StepContext {

@@ -3,7 +3,7 @@
 // for the daemon to read over a pipe. The daemon asks a short-lived child for this so that it
 // never loads the YAML parser (about 5 MB of its resident memory).
 import { EXIT, type Command } from "../../lib/cli.ts";
-import { Host } from "../host/host.ts";
+import { Host } from "../../host/host.ts";
 import { clusterConnections } from "../converge/connect.ts";
 import { lastGoodBundle, readStatus } from "../converge/state.ts";
 

@@ -7,7 +7,7 @@ import { NODE_KEYS } from "../../bundles/names.ts";
 import { PATHS } from "../../bundles/paths.ts";
 import { acceptBundle } from "../../bundles/verify.ts";
 import { patchNode } from "../../lib/kube/api.ts";
-import { Host } from "../host/host.ts";
+import { Host } from "../../host/host.ts";
 import { clusterClients } from "../converge/connect.ts";
 import { nodeName } from "../converge/node-name.ts";
 import { announceAndWait, hasAnnotation } from "../converge/approval.ts";

@@ -8,7 +8,7 @@ import { acceptBundle } from "../../bundles/verify.ts";
 import { defaultPackageRepository, PATHS } from "../../bundles/paths.ts";
 import { DIGEST, PACKAGE_NAME } from "../../bundles/rules.ts";
 import type { RegistryPackageRef } from "../../bundles/types.ts";
-import { Host } from "../host/host.ts";
+import { Host } from "../../host/host.ts";
 import { osProfile } from "../converge/converge.ts";
 import { fetchPackage, installedDigest, installPackage, removePackage } from "../../steps/registry-packages.ts";
 

@@ -1,6 +1,6 @@
 import { EXIT, type Command } from "../../lib/cli.ts";
 import { plan, type PlanReport } from "../converge/converge.ts";
-import { redact } from "../host/runner.ts";
+import { redact } from "../../lib/log/redact.ts";
 import { CONVERGE_HELP, CONVERGE_OPTIONS, convergeOptions } from "./converge-options.ts";
 
 function indent(text: string, by = "      "): string {

@@ -1,5 +1,5 @@
 import { EXIT, UsageError, type Command } from "../../lib/cli.ts";
-import { Host } from "../host/host.ts";
+import { Host } from "../../host/host.ts";
 import { Daemon } from "../daemon/daemon.ts";
 import { agentArgv } from "../self.ts";
 import { nodeName } from "../converge/node-name.ts";

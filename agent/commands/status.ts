@@ -1,5 +1,5 @@
 import { EXIT, type Command } from "../../lib/cli.ts";
-import { Host } from "../host/host.ts";
+import { Host } from "../../host/host.ts";
 import { readAppliedChecksum, readStatus, type Status } from "../converge/state.ts";
 import { osProfile } from "../converge/converge.ts";
 import { PATHS } from "../../bundles/paths.ts";

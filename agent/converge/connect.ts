@@ -4,7 +4,7 @@
 // bootstrap token and CA that bootstrap.sh left in /var/lib/bashible. Always TLS-verified.
 import { KubeClient } from "../../lib/kube/client.ts";
 import { bootstrapConnection, loadKubeconfig, type KubeConnection } from "../../lib/kube/kubeconfig.ts";
-import type { Host } from "../host/host.ts";
+import type { Host } from "../../host/host.ts";
 import { PATHS } from "../../bundles/paths.ts";
 
 export interface ConnectOptions {

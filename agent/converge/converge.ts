@@ -6,14 +6,14 @@
 //   reboot last, when a step or the Node asked for it and the disruption was approved.
 import type { Logger } from "../../lib/log/log.ts";
 import { gatherFacts, readBootId } from "../facts.ts";
-import { Host, type OsProfile } from "../host/host.ts";
+import { Host, type OsProfile } from "../../host/host.ts";
 import type { KubeClient } from "../../lib/kube/client.ts";
 import type { NodeGroupBundle } from "../../bundles/types.ts";
 import { acceptBundle, BundleRejectedError } from "../../bundles/verify.ts";
 import { NODE_KEYS, EVENTS } from "../../bundles/names.ts";
 import { PATHS } from "../../bundles/paths.ts";
 import { getNode, type KubeObject } from "../../lib/kube/api.ts";
-import { redact } from "../host/runner.ts";
+import { redact } from "../../lib/log/redact.ts";
 import { agentArgv } from "../self.ts";
 import { nodeName as resolveNodeName } from "./node-name.ts";
 import { ApiBundleSource, FileBundleSource, resolveBundleFile, type BundleSource } from "./source.ts";
@@ -31,7 +31,7 @@ import {
 import { NodeReporter } from "./node-report.ts";
 import { announceAndWait, hasAnnotation } from "./approval.ts";
 import { acquireLock } from "./lock.ts";
-import { FLAG, hostFlags } from "./flags.ts";
+import { FLAG, hostFlags } from "../../host/flags.ts";
 import {
   lastGoodBundle,
   readAppliedChecksum,

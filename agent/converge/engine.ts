@@ -5,17 +5,17 @@
 // away by waiting, within one deadline for the whole run; then the run stops. Units whose files
 // changed in this run are restarted or reloaded (once) after the step that declares them, and
 // again at the end of the run for files later steps changed.
-import type { Host } from "../host/host.ts";
+import type { Host } from "../../host/host.ts";
 import { sleep } from "../../lib/sleep.ts";
 import { isPermanent } from "../../lib/errors.ts";
 import type { BundleStep, NodeGroupBundle } from "../../bundles/types.ts";
 import { STATE_DIR, stepLogPath } from "../../bundles/paths.ts";
-import { isPrimitive, pathsOf } from "../host/changes.ts";
+import { isPrimitive, pathsOf } from "../../host/changes.ts";
 import { bindStep, type BoundStep } from "../../steps/index.ts";
 import type { Change, Flags, Problem, ServiceChange, ServiceDecl, StepContext } from "../../steps/types.ts";
-import { redact } from "../host/runner.ts";
-import { applyPrimitive } from "./primitives.ts";
-import { FLAG } from "./flags.ts";
+import { redact } from "../../lib/log/redact.ts";
+import { applyPrimitive } from "../../host/primitives.ts";
+import { FLAG } from "../../host/flags.ts";
 import { RunJournal } from "./journal.ts";
 import type { StepStatus } from "./state.ts";
 

@@ -3,7 +3,7 @@
 // writing a unit's configuration and restarting the unit still restarts it next time; cleared
 // when a run finishes.
 import { PATHS } from "../../bundles/paths.ts";
-import type { Host } from "../host/host.ts";
+import type { Host } from "../../host/host.ts";
 
 const FILE = `${PATHS.stateDir}/run-journal.json`;
 

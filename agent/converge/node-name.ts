@@ -1,5 +1,5 @@
 import os from "node:os";
-import type { Host } from "../host/host.ts";
+import type { Host } from "../../host/host.ts";
 
 /** --node-name, else NODE_NAME, else the tree's /etc/hostname (sandbox) or the hostname. */
 export async function nodeName(host: Host, flag?: string): Promise<string> {

@@ -4,7 +4,7 @@
 // may write, moved aside to /var/lib/bashible/corrupt/<name>.corrupt-<time> for a person to
 // read; the last good bundle is then taken from the newest stored bundle that verifies.
 import type { Logger } from "../../lib/log/log.ts";
-import type { Host } from "../host/host.ts";
+import type { Host } from "../../host/host.ts";
 import type { NodeGroupBundle } from "../../bundles/types.ts";
 import { acceptBundle } from "../../bundles/verify.ts";
 import { KEEP_BUNDLES, PATHS } from "../../bundles/paths.ts";

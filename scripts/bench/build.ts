@@ -9,7 +9,7 @@ import os from "node:os";
 import path from "node:path";
 import { parseArgs } from "node:util";
 import { buildDist, nodeBinary } from "../build.ts";
-import { makeBundle, sandbox, script, writeBundle } from "../../test/fixtures/bundle.ts";
+import { makeBundle, sandbox, script, writeBundle } from "../lib/bundle.ts";
 
 const { values } = parseArgs({
   options: { seconds: { type: "string", default: "20" }, rounds: { type: "string", default: "5" } },

@@ -14,7 +14,7 @@ import os from "node:os";
 import path from "node:path";
 import { parseArgs } from "node:util";
 import { buildDist, nodeBinary } from "../build.ts";
-import { makeBundle, sandbox, script, writeBundle } from "../../test/fixtures/bundle.ts";
+import { makeBundle, sandbox, script, writeBundle } from "../lib/bundle.ts";
 
 const { values } = parseArgs({
   options: {
@@ -125,7 +125,7 @@ const report: string[] = [];
 let apiDaemon: Daemon | undefined;
 let cleanup: (() => Promise<void>) | undefined;
 if (!values["skip-api"]) {
-  const { startStack } = await import("../../test/fixtures/stack.ts");
+  const { startStack } = await import("../lib/stack.ts");
   const api = await import("../../lib/kube/api.ts");
   const stack = await startStack({ serverLogFile: path.join(work, "server.log") });
   const { cp } = stack;

@@ -14,10 +14,10 @@
 //    agent's own runtime, `node -e 'setInterval(…)'`) started in the node at the same time.
 //    Goal: <= 1.5 x.
 import { parseArgs } from "node:util";
-import { FakeWatchdog } from "../../test/fixtures/watchdog.ts";
-import { nodeGroup } from "../../test/e2e/lib/cluster.ts";
-import { getNode, joinMachine, type Line, startWorld } from "../../test/e2e/lib/world.ts";
-import type { NspawnNode } from "../../test/lib/nspawn-node.ts";
+import { FakeWatchdog } from "../lib/watchdog.ts";
+import { nodeGroup } from "../lib/e2e/cluster.ts";
+import { getNode, joinMachine, type Line, startWorld } from "../lib/e2e/world.ts";
+import type { NspawnNode } from "../lib/nspawn-node.ts";
 import { NODE_KEYS } from "../../bundles/names.ts";
 import { PATHS } from "../../bundles/paths.ts";
 import { sleep } from "../../lib/sleep.ts";

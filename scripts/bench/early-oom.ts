@@ -18,15 +18,8 @@ import os from "node:os";
 import path from "node:path";
 import { parseArgs } from "node:util";
 import { buildDist } from "../build.ts";
-import { makeBundle, sandbox, script, writeBundle } from "../../test/fixtures/bundle.ts";
-import {
-  captureLogger,
-  FakeNode,
-  hasV1MemoryAndFreezer,
-  podObject,
-  RealCgroups,
-  v2Mount,
-} from "../../test/fixtures/early-oom.ts";
+import { makeBundle, sandbox, script, writeBundle } from "../lib/bundle.ts";
+import { captureLogger, FakeNode, hasV1MemoryAndFreezer, podObject, RealCgroups, v2Mount } from "../lib/early-oom.ts";
 import { Registry } from "../../lib/prometheus.ts";
 import { EarlyOom } from "../../agent/early-oom/early-oom.ts";
 import { StaticPods } from "../../agent/early-oom/pods.ts";

@@ -13,15 +13,15 @@ import http from "node:http";
 import os from "node:os";
 import { rm } from "node:fs/promises";
 import { parseArgs } from "node:util";
-import { Host } from "../../agent/host/host.ts";
+import { Host } from "../../host/host.ts";
 import { osProfile } from "../../agent/converge/converge.ts";
 import { createLogger } from "../../lib/log/log.ts";
 import { applySteps, planSteps } from "../../agent/converge/engine.ts";
-import { hostFlags } from "../../agent/converge/flags.ts";
+import { hostFlags } from "../../host/flags.ts";
 import type { RegistryPackageRef } from "../../bundles/types.ts";
-import { makeBundle, sandbox } from "../../test/fixtures/bundle.ts";
-import { startProxyFixture } from "../../test/fixtures/packages-proxy.ts";
-import { binaryPackage, buildLayer, randomish } from "../../test/fixtures/registry.ts";
+import { makeBundle, sandbox } from "../lib/bundle.ts";
+import { startProxyFixture } from "../lib/packages-proxy.ts";
+import { binaryPackage, buildLayer, randomish } from "../lib/registry.ts";
 
 const { values } = parseArgs({
   options: {

@@ -19,9 +19,9 @@ import { parseArgs } from "node:util";
 import { pino } from "pino";
 import { NODE_KEYS, SECRETS } from "../../bundles/names.ts";
 import { Informer } from "../../lib/informer.ts";
-import { startControlPlane } from "../../test/lib/control-plane.ts";
-import { prepareBundleServer } from "../../test/fixtures/bundle-server.ts";
-import { annotate, createNode } from "../../test/lib/sim-nodes.ts";
+import { startControlPlane } from "../lib/control-plane.ts";
+import { prepareBundleServer } from "../lib/bundle-server.ts";
+import { annotate, createNode } from "../lib/sim-nodes.ts";
 
 const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
 const NS = "d8-cloud-instance-manager";

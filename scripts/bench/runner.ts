@@ -4,7 +4,7 @@
 // wall time per command, side by side, interleaved, and the RSS each costs once imported.
 import { spawn } from "node:child_process";
 import { parseArgs } from "node:util";
-import { run } from "../../agent/host/runner.ts";
+import { run } from "../../host/runner.ts";
 
 const { values } = parseArgs({ options: { runs: { type: "string", default: "200" } } });
 const runs = Number(values.runs);

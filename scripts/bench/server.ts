@@ -315,7 +315,7 @@ async function main(): Promise<void> {
   // source: agent/main.ts through Node's type stripping (~17 MB more resident).
   const from = values.from ?? "bundle";
   if (from !== "bundle" && from !== "source") throw new Error("--from is bundle or source");
-  const { createCA, issueCert } = await import("../../test/lib/pki.ts");
+  const { createCA, issueCert } = await import("../lib/pki.ts");
   const tmp = await mkdtemp(path.join(os.tmpdir(), "bashible-bench-server-"));
   const children: ChildProcess[] = [];
   try {
@@ -342,7 +342,7 @@ async function main(): Promise<void> {
       await bundleAgent(path.join(tmp, "app"));
       entry = path.join(tmp, "app/main.mjs");
     }
-    const { freePort } = await import("../../test/lib/control-plane.ts");
+    const { freePort } = await import("../lib/control-plane.ts");
     const port = await freePort();
     const server = spawn(
       process.execPath,

@@ -3,7 +3,7 @@
 // and so restarts the service through the ordinary restart-if-changed path. The running process
 // keeps the old binary until then: packages replace binaries by rename.
 import { PATHS } from "../../bundles/paths.ts";
-import type { Host } from "../../agent/host/host.ts";
+import type { Host } from "../../host/host.ts";
 import { RefusedError } from "../../lib/errors.ts";
 
 export async function binaryStamp(host: Host, binary: string, pkg: string): Promise<string> {

@@ -4,8 +4,8 @@
 // (`services`) and the engine restarts or reloads it when one of those files changed.
 import { asset } from "../../lib/assets.ts";
 import { PATHS } from "../../bundles/paths.ts";
-import type { Host } from "../../agent/host/host.ts";
-import { planFile } from "../../agent/host/file-plan.ts";
+import type { Host } from "../../host/host.ts";
+import { planFile } from "../../host/file-plan.ts";
 import type { Primitive } from "../types.ts";
 
 export const unitPath = (unit: string) => `${PATHS.unitDir}/${unit}`;

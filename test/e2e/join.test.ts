@@ -11,7 +11,7 @@
 // is no /dev/watchdog here, so a FIFO with the same protocol sits at /dev/watchdog inside the
 // machine (what the agent writes to it is read by this test).
 //
-// What this machine cannot offer, and how the node is given it (test/lib/nspawn-node.ts):
+// What this machine cannot offer, and how the node is given it (scripts/lib/nspawn-node.ts):
 // containerd's overlay snapshots need a real filesystem (the node's root is a copy, not an
 // overlay); the kubelet sets kernel-wide sysctls (the node gets its own stand-in files for
 // those six, so the host is untouched); a reboot ends nspawn (the node is started again on the
@@ -25,12 +25,19 @@ import { manualBootstrapData } from "../../cluster/bootstrap-secrets.ts";
 import type { RenderInputs } from "../../cluster/render/inputs.ts";
 import { NODE_KEYS } from "../../bundles/names.ts";
 import { PATHS } from "../../bundles/paths.ts";
-import { FakeWatchdog } from "../fixtures/watchdog.ts";
-import type { NodeDiff, NspawnNode } from "../lib/nspawn-node.ts";
-import { GROUP, nodeGroup, nodeUser, NODE_USER, POD_SUBNET, sshPublicKey } from "./lib/cluster.ts";
-import { BUSYBOX_IMAGE } from "./lib/images.ts";
-import { getNode as getNodeOf, joinMachine, runScript, type ScriptRun, startWorld, type World } from "./lib/world.ts";
-import { until } from "../lib/until.ts";
+import { FakeWatchdog } from "../../scripts/lib/watchdog.ts";
+import type { NodeDiff, NspawnNode } from "../../scripts/lib/nspawn-node.ts";
+import { GROUP, nodeGroup, nodeUser, NODE_USER, POD_SUBNET, sshPublicKey } from "../../scripts/lib/e2e/cluster.ts";
+import { BUSYBOX_IMAGE } from "../../scripts/lib/e2e/images.ts";
+import {
+  getNode as getNodeOf,
+  joinMachine,
+  runScript,
+  type ScriptRun,
+  startWorld,
+  type World,
+} from "../../scripts/lib/e2e/world.ts";
+import { until } from "../../scripts/lib/until.ts";
 
 const missing = [
   "/usr/bin/systemd-nspawn",

@@ -5,7 +5,7 @@ import t from "tap";
 import { existsSync } from "node:fs";
 import path from "node:path";
 import { chrootRoot } from "../lib/chroot-root.ts";
-import { debianRoot, MINIMAL_PACKAGES } from "../lib/debian-root.ts";
+import { debianRoot, MINIMAL_PACKAGES } from "../../scripts/lib/debian-root.ts";
 
 const isRoot = process.getuid?.() === 0;
 

@@ -1,8 +1,8 @@
 // The bundle server as an aggregated API behind a real kube-apiserver: kubectl get and watch
 // work through the API server, and each caller reads only what it may.
 import t from "tap";
-import { withControlPlane } from "../fixtures/control-plane.ts";
-import { registerBundleServer } from "../fixtures/bundle-server.ts";
+import { withControlPlane } from "../../scripts/lib/control-plane-fixture.ts";
+import { registerBundleServer } from "../../scripts/lib/bundle-server.ts";
 import { spawn } from "node:child_process";
 import path from "node:path";
 import { KubeClient } from "../../lib/kube/client.ts";
@@ -11,7 +11,7 @@ import { KubeStatusError } from "../../lib/kube/errors.ts";
 import { createSecret, getSecret, list } from "../../lib/kube/api.ts";
 import { ensureGroupToken, TOKEN_TTL_MS } from "../../cluster/bootstrap-secrets.ts";
 import { writeChecksums } from "../../cluster/checksums.ts";
-import { until } from "../lib/until.ts";
+import { until } from "../../scripts/lib/until.ts";
 
 // Service routing (not endpoint routing): the aggregator then resolves an ExternalName Service
 // to its name, which is how it reaches a server on loopback (Endpoints refuse loopback IPs).

@@ -1,9 +1,9 @@
 // The deckhouse.io CRDs on a real API server: they install, their validation refuses the
 // objects a user most often gets wrong, and Deckhouse's own manifests apply unchanged.
 import t from "tap";
-import { withControlPlane } from "../fixtures/control-plane.ts";
+import { withControlPlane } from "../../scripts/lib/control-plane-fixture.ts";
 import { ForeignCrdError, installCrds } from "../../cluster/crds/install.ts";
-import { bashible } from "../fixtures/cli.ts";
+import { bashible } from "../../scripts/lib/cli.ts";
 import { KubeStatusError } from "../../lib/kube/errors.ts";
 
 const cp = await withControlPlane(t);

@@ -13,11 +13,11 @@ import { KubeClient } from "../../lib/kube/client.ts";
 import { loadKubeconfig } from "../../lib/kube/kubeconfig.ts";
 import { getSecret } from "../../lib/kube/api.ts";
 import { isGone, KubeStatusError } from "../../lib/kube/errors.ts";
-import { MAIN } from "../fixtures/cli.ts";
-import { withControlPlane } from "../fixtures/control-plane.ts";
-import { prepareBundleServer, registerAPIService } from "../fixtures/bundle-server.ts";
-import { freePort } from "../lib/control-plane.ts";
-import { until } from "../lib/until.ts";
+import { MAIN } from "../../scripts/lib/cli.ts";
+import { withControlPlane } from "../../scripts/lib/control-plane-fixture.ts";
+import { prepareBundleServer, registerAPIService } from "../../scripts/lib/bundle-server.ts";
+import { freePort } from "../../scripts/lib/control-plane.ts";
+import { until } from "../../scripts/lib/until.ts";
 
 const API = "/apis/bashible.deckhouse.io/v1alpha1";
 const NS = "d8-cloud-instance-manager";

@@ -7,7 +7,7 @@ import https from "node:https";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { createCA, issueCert } from "../lib/pki.ts";
+import { createCA, issueCert } from "../../scripts/lib/pki.ts";
 
 const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
 const API = "/apis/bashible.deckhouse.io/v1alpha1";

@@ -6,9 +6,9 @@ import { mkdtemp, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { buildDist } from "../../scripts/build.ts";
-import { nodeForTest, type NspawnNode } from "../lib/nspawn-node.ts";
-import { debianRoot } from "../lib/debian-root.ts";
-import { makeBundle } from "../fixtures/bundle.ts";
+import { nodeForTest, type NspawnNode } from "../../scripts/lib/nspawn-node.ts";
+import { debianRoot } from "../../scripts/lib/debian-root.ts";
+import { makeBundle } from "../../scripts/lib/bundle.ts";
 import type { BundleStep } from "../../bundles/types.ts";
 import { requireRoot } from "../fixtures/root.ts";
 

@@ -9,14 +9,14 @@ import { execFile } from "node:child_process";
 import { promisify } from "node:util";
 import os from "node:os";
 import path from "node:path";
-import { bashible } from "../fixtures/cli.ts";
-import { makeBundle, sandbox, treeHash, writeBundle } from "../fixtures/bundle.ts";
+import { bashible } from "../../scripts/lib/cli.ts";
+import { makeBundle, sandbox, treeHash, writeBundle } from "../../scripts/lib/bundle.ts";
 import type { BundleStep } from "../../bundles/types.ts";
-import { Host } from "../../agent/host/host.ts";
+import { Host } from "../../host/host.ts";
 import { osProfile } from "../../agent/converge/converge.ts";
-import { applyPrimitive } from "../../agent/converge/primitives.ts";
-import { hostFlags } from "../../agent/converge/flags.ts";
-import { planFile } from "../../agent/host/file-plan.ts";
+import { applyPrimitive } from "../../host/primitives.ts";
+import { hostFlags } from "../../host/flags.ts";
+import { planFile } from "../../host/file-plan.ts";
 import { requireRoot } from "../fixtures/root.ts";
 
 await requireRoot("homes owned by NodeUsers, chown");
@@ -119,7 +119,7 @@ for (const [what, nodePath, steps] of [
     await symlink(out, path.join(root, nodePath));
     if (steps[0]?.kind === "CACertificates") {
       // give it something to write
-      const { createCA } = await import("../lib/pki.ts");
+      const { createCA } = await import("../../scripts/lib/pki.ts");
       const ca = await createCA(out, "x", "X");
       (steps[0].spec as { certificates: unknown[] }).certificates = [
         { name: "x", pem: await readFile(ca.cert, "utf8") },

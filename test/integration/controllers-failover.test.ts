@@ -13,8 +13,8 @@ import { pino } from "pino";
 import { NODE_KEYS, SECRETS } from "../../bundles/names.ts";
 import { installCrds } from "../../cluster/crds/install.ts";
 import type { KubeObject } from "../../lib/kube/api.ts";
-import { MAIN } from "../fixtures/cli.ts";
-import { withControlPlane } from "../fixtures/control-plane.ts";
+import { MAIN } from "../../scripts/lib/cli.ts";
+import { withControlPlane } from "../../scripts/lib/control-plane-fixture.ts";
 import {
   annotate,
   createNode,
@@ -23,8 +23,8 @@ import {
   parseAudit,
   POD_AUDIT_POLICY,
   startKubeletSim,
-} from "../lib/sim-nodes.ts";
-import { until } from "../lib/until.ts";
+} from "../../scripts/lib/sim-nodes.ts";
+import { until } from "../../scripts/lib/until.ts";
 
 const K = NODE_KEYS;
 const NS = "d8-cloud-instance-manager";

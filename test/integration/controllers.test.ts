@@ -14,7 +14,7 @@ import { KubeClient } from "../../lib/kube/client.ts";
 import { loadKubeconfig } from "../../lib/kube/kubeconfig.ts";
 import { list, type KubeObject } from "../../lib/kube/api.ts";
 import { Informer } from "../../lib/informer.ts";
-import { withControlPlane } from "../fixtures/control-plane.ts";
+import { withControlPlane } from "../../scripts/lib/control-plane-fixture.ts";
 import {
   annotate,
   createNode,
@@ -23,10 +23,10 @@ import {
   POD_AUDIT_POLICY,
   setReady,
   startKubeletSim,
-} from "../lib/sim-nodes.ts";
+} from "../../scripts/lib/sim-nodes.ts";
 import { mkdtemp, rm } from "node:fs/promises";
 import os from "node:os";
-import { until } from "../lib/until.ts";
+import { until } from "../../scripts/lib/until.ts";
 
 const K = NODE_KEYS;
 const NS = "d8-cloud-instance-manager";

@@ -4,11 +4,11 @@
 import t from "tap";
 import { mkdir, readFile, rm, writeFile } from "node:fs/promises";
 import path from "node:path";
-import { startStack } from "../fixtures/stack.ts";
-import { bashible, bashibleDaemon, waitFor } from "../fixtures/cli.ts";
-import { sandbox } from "../fixtures/bundle.ts";
-import { freePort } from "../lib/control-plane.ts";
-import { createCA } from "../lib/pki.ts";
+import { startStack } from "../../scripts/lib/stack.ts";
+import { bashible, bashibleDaemon, waitFor } from "../../scripts/lib/cli.ts";
+import { sandbox } from "../../scripts/lib/bundle.ts";
+import { freePort } from "../../scripts/lib/control-plane.ts";
+import { createCA } from "../../scripts/lib/pki.ts";
 import * as api from "../../lib/kube/api.ts";
 import { requireRoot } from "../fixtures/root.ts";
 

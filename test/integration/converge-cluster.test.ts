@@ -3,9 +3,9 @@
 import t from "tap";
 import { mkdir, readFile, writeFile } from "node:fs/promises";
 import path from "node:path";
-import { withControlPlane } from "../fixtures/control-plane.ts";
-import { bashible, waitFor } from "../fixtures/cli.ts";
-import { makeBundle, sandbox, script, writeBundle } from "../fixtures/bundle.ts";
+import { withControlPlane } from "../../scripts/lib/control-plane-fixture.ts";
+import { bashible, waitFor } from "../../scripts/lib/cli.ts";
+import { makeBundle, sandbox, script, writeBundle } from "../../scripts/lib/bundle.ts";
 import * as api from "../../lib/kube/api.ts";
 import { requireRoot } from "../fixtures/root.ts";
 

@@ -7,9 +7,9 @@ import { mkdtemp, readdir, readFile, lstat, readlink, writeFile } from "node:fs/
 import { createHash } from "node:crypto";
 import os from "node:os";
 import path from "node:path";
-import { MAIN, bashible } from "../fixtures/cli.ts";
-import { makeBundle, sandbox, script } from "../fixtures/bundle.ts";
-import { createCA } from "../lib/pki.ts";
+import { MAIN, bashible } from "../../scripts/lib/cli.ts";
+import { makeBundle, sandbox, script } from "../../scripts/lib/bundle.ts";
+import { createCA } from "../../scripts/lib/pki.ts";
 import type { BundleStep } from "../../bundles/types.ts";
 import { requireRoot } from "../fixtures/root.ts";
 

@@ -3,8 +3,8 @@
 import t from "tap";
 import { readFile, rm, writeFile, mkdir, readdir } from "node:fs/promises";
 import path from "node:path";
-import { bashible, bashibleDaemon, waitFor } from "../fixtures/cli.ts";
-import { makeBundle, sandbox, script, treeHash, writeBundle } from "../fixtures/bundle.ts";
+import { bashible, bashibleDaemon, waitFor } from "../../scripts/lib/cli.ts";
+import { makeBundle, sandbox, script, treeHash, writeBundle } from "../../scripts/lib/bundle.ts";
 import { requireRoot } from "../fixtures/root.ts";
 
 await requireRoot("the agent sets root ownership on what it writes");

@@ -6,8 +6,8 @@ import t from "tap";
 import { realpathSync } from "node:fs";
 import path from "node:path";
 import { DEMO_PREREQUISITES } from "../../scripts/demo-prerequisites.ts";
-import { debianRoot, MINIMAL_PACKAGES } from "../lib/debian-root.ts";
-import { rootSandbox } from "../lib/nspawn-node.ts";
+import { debianRoot, MINIMAL_PACKAGES } from "../../scripts/lib/debian-root.ts";
+import { rootSandbox } from "../../scripts/lib/nspawn-node.ts";
 
 if (process.getuid?.() !== 0) {
   t.plan(0, "needs root (debootstrap, overlayfs, systemd-nspawn)");

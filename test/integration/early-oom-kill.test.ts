@@ -4,8 +4,8 @@ import t from "tap";
 import { randomUUID } from "node:crypto";
 import { killPod } from "../../agent/early-oom/kill.ts";
 import { detectLayout, findPodCgroups } from "../../agent/early-oom/cgroups.ts";
-import { hasV1MemoryAndFreezer, RealCgroups, v2Mount } from "../fixtures/early-oom.ts";
-import { waitFor } from "../fixtures/cli.ts";
+import { hasV1MemoryAndFreezer, RealCgroups, v2Mount } from "../../scripts/lib/early-oom.ts";
+import { waitFor } from "../../scripts/lib/cli.ts";
 import { requireRoot } from "../fixtures/root.ts";
 
 await requireRoot("creates cgroups and kills their tasks");

@@ -17,8 +17,8 @@ import path from "node:path";
 import { Registry } from "../../lib/prometheus.ts";
 import { EarlyOom } from "../../agent/early-oom/early-oom.ts";
 import { StaticPods } from "../../agent/early-oom/pods.ts";
-import { captureLogger, hasV1MemoryAndFreezer, podObject, RealCgroups } from "../fixtures/early-oom.ts";
-import { waitFor } from "../fixtures/cli.ts";
+import { captureLogger, hasV1MemoryAndFreezer, podObject, RealCgroups } from "../../scripts/lib/early-oom.ts";
+import { waitFor } from "../../scripts/lib/cli.ts";
 import { requireRoot } from "../fixtures/root.ts";
 
 await requireRoot("creates memory cgroups and drops a file's page cache");

@@ -4,9 +4,9 @@
 // --fencing-timings (pet 0.2 s, check 0.5 s, API 1.5 s, peers 1 s, 3 bad rounds); every wait is
 // for an event (a byte on a FIFO, a log line, a counter in the agent's metrics file).
 import t from "tap";
-import { withControlPlane } from "../fixtures/control-plane.ts";
-import { type FencingCluster, type FencingNode, startFencingCluster } from "../fixtures/fencing.ts";
-import { waitFor } from "../fixtures/cli.ts";
+import { withControlPlane } from "../../scripts/lib/control-plane-fixture.ts";
+import { type FencingCluster, type FencingNode, startFencingCluster } from "../../scripts/lib/fencing.ts";
+import { waitFor } from "../../scripts/lib/cli.ts";
 import { uptime } from "node:os";
 import { getNode, microTime } from "../../lib/kube/api.ts";
 import { NODE_KEYS } from "../../bundles/names.ts";
@@ -293,7 +293,7 @@ t.test("Notify mode labels the Node and reports, and never opens the device", as
 });
 
 t.test("bashible fencing status shows the device, the last pet and the decision", async (t) => {
-  const { bashible } = await import("../fixtures/cli.ts");
+  const { bashible } = await import("../../scripts/lib/cli.ts");
   const r = await bashible(["fencing", "status", "--root", a.root]);
   t.equal(r.status, 0, r.stderr);
   t.match(r.stdout, /device: .*ARMED, petting/);

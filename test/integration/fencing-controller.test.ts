@@ -4,9 +4,9 @@
 // timings do not fit the threshold. A test loop renews one Lease the way a kubelet does.
 // Timings are shortened (threshold 4 s = watchdog 1 + detection 1 + margin 1, plus one).
 import t from "tap";
-import { withControlPlane } from "../fixtures/control-plane.ts";
-import { createNode } from "../fixtures/fencing.ts";
-import { bashible, waitFor } from "../fixtures/cli.ts";
+import { withControlPlane } from "../../scripts/lib/control-plane-fixture.ts";
+import { createNode } from "../../scripts/lib/fencing.ts";
+import { bashible, waitFor } from "../../scripts/lib/cli.ts";
 import { createLease, getLease, getNode, list, updateLease, type KubeObject, microTime } from "../../lib/kube/api.ts";
 import { isNotFound } from "../../lib/kube/errors.ts";
 import { createLogger } from "../../lib/log/log.ts";

@@ -4,7 +4,7 @@ import t from "tap";
 import { mkdtemp, readFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
-import { createCA, issueCert } from "../lib/pki.ts";
+import { createCA, issueCert } from "../../scripts/lib/pki.ts";
 import { askPeer, PeerServer, type PeerTls } from "../../agent/fencing/peers.ts";
 
 const dir = await mkdtemp(path.join(os.tmpdir(), "bashible-peers-"));

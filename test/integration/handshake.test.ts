@@ -7,8 +7,8 @@
 import t from "tap";
 import { readFile, rm } from "node:fs/promises";
 import path from "node:path";
-import { startStack } from "../fixtures/stack.ts";
-import { bashible, waitFor } from "../fixtures/cli.ts";
+import { startStack } from "../../scripts/lib/stack.ts";
+import { bashible, waitFor } from "../../scripts/lib/cli.ts";
 import { requireRoot } from "../fixtures/root.ts";
 import * as api from "../../lib/kube/api.ts";
 import type { KubeObject } from "../../lib/kube/api.ts";

@@ -8,8 +8,8 @@ import { KubeClient } from "../../lib/kube/client.ts";
 import { loadKubeconfig } from "../../lib/kube/kubeconfig.ts";
 import { isForbidden } from "../../lib/kube/errors.ts";
 import type { KubeObject } from "../../lib/kube/api.ts";
-import { withControlPlane } from "../fixtures/control-plane.ts";
-import { until } from "../lib/until.ts";
+import { withControlPlane } from "../../scripts/lib/control-plane-fixture.ts";
+import { until } from "../../scripts/lib/until.ts";
 
 const log = pino({ level: process.env.TEST_LOG ? "debug" : "silent" });
 const NS = "informer-test";

@@ -2,7 +2,7 @@
 // patches, events, list + watch, evictions, leases, secrets, and every error class.
 import t from "tap";
 import { createServer as createTcpServer, type Server } from "node:net";
-import { withControlPlane } from "../fixtures/control-plane.ts";
+import { withControlPlane } from "../../scripts/lib/control-plane-fixture.ts";
 import { KubeClient } from "../../lib/kube/client.ts";
 import { loadKubeconfig, bootstrapConnection, KubeconfigError } from "../../lib/kube/kubeconfig.ts";
 import {
@@ -14,8 +14,8 @@ import {
   isForbidden,
 } from "../../lib/kube/errors.ts";
 import * as api from "../../lib/kube/api.ts";
-import { freePort } from "../lib/control-plane.ts";
-import { createCA } from "../lib/pki.ts";
+import { freePort } from "../../scripts/lib/control-plane.ts";
+import { createCA } from "../../scripts/lib/pki.ts";
 import { mkdtemp, writeFile, readFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";

@@ -13,8 +13,8 @@ import { KubeClient } from "../../lib/kube/client.ts";
 import { loadKubeconfig } from "../../lib/kube/kubeconfig.ts";
 import { patchNodeStatus } from "../../lib/kube/api.ts";
 import { NODE_KEYS } from "../../bundles/names.ts";
-import { withControlPlane } from "../fixtures/control-plane.ts";
-import { until } from "../lib/until.ts";
+import { withControlPlane } from "../../scripts/lib/control-plane-fixture.ts";
+import { until } from "../../scripts/lib/until.ts";
 
 const CSRS = "/apis/certificates.k8s.io/v1/certificatesigningrequests";
 const tmp = mkdtempSync(path.join(os.tmpdir(), "bashible-csr-"));

@@ -15,8 +15,8 @@ import { loadConfigDir } from "../../cluster/sources/directory.ts";
 import { renderGroup } from "../../cluster/render/render.ts";
 import type { RenderInputs } from "../../cluster/render/inputs.ts";
 import { buildDist } from "../../scripts/build.ts";
-import { nodeForTest, type NspawnNode } from "../lib/nspawn-node.ts";
-import { debianRoot } from "../lib/debian-root.ts";
+import { nodeForTest, type NspawnNode } from "../../scripts/lib/nspawn-node.ts";
+import { debianRoot } from "../../scripts/lib/debian-root.ts";
 import { requireRoot } from "../fixtures/root.ts";
 
 await requireRoot("debootstrap, overlayfs, systemd-nspawn");
@@ -51,7 +51,7 @@ await writeFile(path.join(repo, "Packages"), (await run("dpkg-scanpackages", [".
 const inputs: RenderInputs = { ...structuredClone(example), configurations: corpus };
 inputs.context.proxy = { httpProxy: "http://proxy.example.com:3128", noProxy: ["127.0.0.1", ".cluster.local"] };
 const rendered = renderGroup(inputs.nodeGroups[0]!, inputs, Date.now()).bundle;
-const { makeBundle } = await import("../fixtures/bundle.ts");
+const { makeBundle } = await import("../../scripts/lib/bundle.ts");
 const bundle = makeBundle(
   rendered.steps.filter((s) => s.kind === "Script"),
   { context: rendered.context },

@@ -15,7 +15,7 @@ import type { RenderInputs } from "../../cluster/render/inputs.ts";
 import type { ScriptSpec } from "../../bundles/types.ts";
 import { bundlesSelect } from "../../bundles/os-families.ts";
 import { chrootRoot, type ChrootRoot } from "../lib/chroot-root.ts";
-import { debianRoot } from "../lib/debian-root.ts";
+import { debianRoot } from "../../scripts/lib/debian-root.ts";
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const CORPUS = path.resolve(HERE, "../fixtures/ngc-corpus");

@@ -14,11 +14,11 @@ import { existsSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { buildDist } from "../../scripts/build.ts";
-import { startUpstreams } from "../fixtures/api-proxy.ts";
-import { makeBundle } from "../fixtures/bundle.ts";
+import { startUpstreams } from "../../scripts/lib/api-proxy.ts";
+import { makeBundle } from "../../scripts/lib/bundle.ts";
 import { CRICTL } from "../fixtures/containerd.ts";
 import { LAUNCHER_CONTENT } from "../../steps/bashible-service.ts";
-import { type NspawnNode, nodeForTest } from "../lib/nspawn-node.ts";
+import { type NspawnNode, nodeForTest } from "../../scripts/lib/nspawn-node.ts";
 import { PATHS } from "../../bundles/paths.ts";
 import type { BundleStep, NodeGroupBundle } from "../../bundles/types.ts";
 

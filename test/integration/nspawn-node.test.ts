@@ -1,4 +1,4 @@
-// The node tooling itself (test/lib/nspawn-node.ts): a Debian node booted with systemd as PID 1
+// The node tooling itself (scripts/lib/nspawn-node.ts): a Debian node booted with systemd as PID 1
 // from the cached debootstrap root runs the built agent (no Node.js on the node), reaches a
 // service on the host through its veth and nothing else of the host's network, leaves an upper
 // dir holding only what systemd writes when nothing else happened, boots side by side with
@@ -11,8 +11,8 @@ import { createServer, type Server } from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { buildDist } from "../../scripts/build.ts";
-import { bootNode, nodeForTest, reapStaleNodes, type NspawnNode } from "../lib/nspawn-node.ts";
-import { debianRoot } from "../lib/debian-root.ts";
+import { bootNode, nodeForTest, reapStaleNodes, type NspawnNode } from "../../scripts/lib/nspawn-node.ts";
+import { debianRoot } from "../../scripts/lib/debian-root.ts";
 
 const root = process.getuid?.() === 0;
 if (!root) {

@@ -7,11 +7,11 @@ import { readdir, open, truncate, writeFile } from "node:fs/promises";
 import https from "node:https";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { startProxyFixture, withProxy } from "../fixtures/packages-proxy.ts";
+import { startProxyFixture, withProxy } from "../../scripts/lib/packages-proxy.ts";
 import { startPackagesProxy } from "../../cluster/packages-proxy/server.ts";
 import { createLogger } from "../../lib/log/log.ts";
-import { buildLayer, binaryPackage, sha256 } from "../fixtures/registry.ts";
-import { freePort } from "../lib/control-plane.ts";
+import { buildLayer, binaryPackage, sha256 } from "../../scripts/lib/registry.ts";
+import { freePort } from "../../scripts/lib/control-plane.ts";
 
 const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
 const f = await withProxy(t);

@@ -11,9 +11,9 @@ import os from "node:os";
 import path from "node:path";
 import { buildDist } from "../../scripts/build.ts";
 import { type BuiltPackage, buildPackages, type PackageSource, writePackage } from "../../scripts/package.ts";
-import { startRegistry } from "../fixtures/registry.ts";
-import { debianRoot } from "../lib/debian-root.ts";
-import { type NspawnNode, nodeForTest } from "../lib/nspawn-node.ts";
+import { startRegistry } from "../../scripts/lib/registry.ts";
+import { debianRoot } from "../../scripts/lib/debian-root.ts";
+import { type NspawnNode, nodeForTest } from "../../scripts/lib/nspawn-node.ts";
 
 const sha256 = (b: Buffer) => `sha256:${createHash("sha256").update(b).digest("hex")}`;
 

@@ -8,8 +8,8 @@ import { copyFile, lstat, mkdir, mkdtemp, readFile, rm } from "node:fs/promises"
 import { existsSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { freePort } from "../lib/control-plane.ts";
-import { get, startNginx, startUpstreams, watch } from "../fixtures/api-proxy.ts";
+import { freePort } from "../../scripts/lib/control-plane.ts";
+import { get, startNginx, startUpstreams, watch } from "../../scripts/lib/api-proxy.ts";
 import { stepEnv } from "../fixtures/steps.ts";
 import { CONFIG, NGINX } from "../../steps/kubernetes-api-proxy.ts";
 import type { BundleStep } from "../../bundles/types.ts";

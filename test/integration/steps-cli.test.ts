@@ -4,10 +4,10 @@
 import t from "tap";
 import { mkdir, readFile, rm, writeFile } from "node:fs/promises";
 import path from "node:path";
-import { bashible } from "../fixtures/cli.ts";
-import { makeBundle, sandbox, treeHash, writeBundle } from "../fixtures/bundle.ts";
-import { withProxy } from "../fixtures/packages-proxy.ts";
-import { binaryPackage, buildLayer } from "../fixtures/registry.ts";
+import { bashible } from "../../scripts/lib/cli.ts";
+import { makeBundle, sandbox, treeHash, writeBundle } from "../../scripts/lib/bundle.ts";
+import { withProxy } from "../../scripts/lib/packages-proxy.ts";
+import { binaryPackage, buildLayer } from "../../scripts/lib/registry.ts";
 import type { BundleStep } from "../../bundles/types.ts";
 import { requireRoot } from "../fixtures/root.ts";
 

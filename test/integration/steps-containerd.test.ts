@@ -11,7 +11,7 @@ import os from "node:os";
 import path from "node:path";
 import { gunzipSync } from "node:zlib";
 import { stepEnv, type StepEnv } from "../fixtures/steps.ts";
-import { buildLayer, startRegistry, type Registry } from "../fixtures/registry.ts";
+import { buildLayer, startRegistry, type Registry } from "../../scripts/lib/registry.ts";
 import { CRICTL, startContainerd } from "../fixtures/containerd.ts";
 import { containerd2 } from "../lib/containerd2.ts";
 import { PATHS } from "../../bundles/paths.ts";

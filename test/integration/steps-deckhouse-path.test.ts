@@ -6,7 +6,7 @@ import { readFile, stat } from "node:fs/promises";
 import path from "node:path";
 import { promisify } from "node:util";
 import { OS_RELEASE, stepEnv } from "../fixtures/steps.ts";
-import { treeHash } from "../fixtures/bundle.ts";
+import { treeHash } from "../../scripts/lib/bundle.ts";
 import { PROFILE_CONTENT } from "../../steps/deckhouse-path.ts";
 import type { BundleStep } from "../../bundles/types.ts";
 import { requireRoot } from "../fixtures/root.ts";

@@ -11,7 +11,7 @@ import os from "node:os";
 import path from "node:path";
 import { parse } from "yaml";
 import { stepEnv, type StepEnv } from "../fixtures/steps.ts";
-import { createCA } from "../lib/pki.ts";
+import { createCA } from "../../scripts/lib/pki.ts";
 import { PATHS } from "../../bundles/paths.ts";
 import type { BundleStep, KubeletSpec } from "../../bundles/types.ts";
 import { pollIntervalMs } from "../../steps/kubelet-start.ts";

@@ -3,9 +3,9 @@
 import t from "tap";
 import { mkdir, readdir, readFile, stat, writeFile } from "node:fs/promises";
 import path from "node:path";
-import { withControlPlane } from "../fixtures/control-plane.ts";
+import { withControlPlane } from "../../scripts/lib/control-plane-fixture.ts";
 import { OS_RELEASE, stepEnv, type StepEnv } from "../fixtures/steps.ts";
-import { treeHash } from "../fixtures/bundle.ts";
+import { treeHash } from "../../scripts/lib/bundle.ts";
 import { SUDOERS_CONTENT, SUDOERS_DROP_IN } from "../../steps/node-users.ts";
 import { NODE_USERS, PATHS } from "../../bundles/paths.ts";
 import type { BundleStep, NodeUserSpec } from "../../bundles/types.ts";
@@ -268,8 +268,8 @@ t.test("NodeUser status.errors: set for a failing user, cleared once it converge
 t.test("a sudoers drop-in that visudo refuses is not installed", async (t) => {
   const env = await stepEnv(t);
   await seedAccounts(env);
-  const { applyPrimitive } = await import("../../agent/converge/primitives.ts");
-  const { hostFlags } = await import("../../agent/converge/flags.ts");
+  const { applyPrimitive } = await import("../../host/primitives.ts");
+  const { hostFlags } = await import("../../host/flags.ts");
   const { changes } = await env.plan(bundleStep([]));
   const dropIn = changes.find((c) => c.kind === "file" && c.path === SUDOERS_DROP_IN);
   if (dropIn?.kind !== "file") throw new Error("no drop-in planned");

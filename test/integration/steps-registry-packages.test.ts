@@ -9,14 +9,14 @@ import https from "node:https";
 import type { AddressInfo } from "node:net";
 import path from "node:path";
 import { promisify } from "node:util";
-import { withProxy } from "../fixtures/packages-proxy.ts";
-import { binaryPackage, buildLayer } from "../fixtures/registry.ts";
+import { withProxy } from "../../scripts/lib/packages-proxy.ts";
+import { binaryPackage, buildLayer } from "../../scripts/lib/registry.ts";
 import { OS_RELEASE, stepEnv, type StepEnv } from "../fixtures/steps.ts";
-import { treeHash } from "../fixtures/bundle.ts";
+import { treeHash } from "../../scripts/lib/bundle.ts";
 import { DOWNLOADS, fetchPolicy, OWNER_FILE, STORE } from "../../steps/registry-packages.ts";
 import type { BundleStep, RegistryPackageRef } from "../../bundles/types.ts";
 import type { PackageChange } from "../../steps/types.ts";
-import { freePort } from "../lib/control-plane.ts";
+import { freePort } from "../../scripts/lib/control-plane.ts";
 import { requireRoot } from "../fixtures/root.ts";
 
 await requireRoot("the agent sets root ownership on what it writes");
@@ -248,7 +248,7 @@ t.test("endpoints are tried in turn: a dead proxy does not stop the install", as
 t.test("TLS is verified against the cluster CA and a wrong token is refused", async (t) => {
   const env = await stepEnv(t);
   const p = await pkg("tls", "1");
-  const { createCA } = await import("../lib/pki.ts");
+  const { createCA } = await import("../../scripts/lib/pki.ts");
   const otherCA = await readFile((await createCA(f.dir, "other-ca", "Some Other CA")).cert, "utf8");
   const e1 = await env.apply(bundleStep([p]), context([f.endpoint], { clusterCA: otherCA }));
   t.equal(e1.outcome, "failed");
@@ -282,8 +282,8 @@ t.test("a download killed midway leaves nothing that could pass for the package"
   const v2 = await pkg("killed", "2", 256 << 10);
   const endpoint = await liar(t, "stall", v2);
   const { applySteps } = await import("../../agent/converge/engine.ts");
-  const { hostFlags } = await import("../../agent/converge/flags.ts");
-  const { makeBundle } = await import("../fixtures/bundle.ts");
+  const { hostFlags } = await import("../../host/flags.ts");
+  const { makeBundle } = await import("../../scripts/lib/bundle.ts");
   const { createLogger } = await import("../../lib/log/log.ts");
   const bundle = makeBundle([bundleStep([v2])], context([endpoint]));
   const abort = new AbortController();

@@ -1,5 +1,5 @@
 // A throwaway Debian root for running steps as root would on a node: an overlay over a cached
-// debootstrapped root (test/lib/debian-root.ts; read-only by convention, writes go to a
+// debootstrapped root (scripts/lib/debian-root.ts; read-only by convention, writes go to a
 // temporary upper directory), with
 // the helper library at /opt/bb/bashbooster.sh and a local apt repository holding a test package
 // (so apt-get works without the network). Needs root.

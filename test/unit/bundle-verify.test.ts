@@ -1,7 +1,7 @@
 // Bundle acceptance: every step's spec is checked against its kind's schema before anything
 // runs, and a malformed one is a rejected bundle naming the step and the field.
 import t from "tap";
-import { makeBundle } from "../fixtures/bundle.ts";
+import { makeBundle } from "../../scripts/lib/bundle.ts";
 import { acceptBundle, BundleRejectedError } from "../../bundles/verify.ts";
 import { bundleChecksum } from "../../bundles/checksum.ts";
 import type { BundleStep } from "../../bundles/types.ts";

@@ -11,8 +11,8 @@ import {
   LinkRefusedError,
   NotRegularFileError,
   UntrustedDirectoryError,
-} from "../../agent/host/confined.ts";
-import { Host } from "../../agent/host/host.ts";
+} from "../../host/confined.ts";
+import { Host } from "../../host/host.ts";
 
 async function tree(t: Test) {
   const base = await mkdtemp(path.join(os.tmpdir(), "bashible-confined-"));

@@ -7,7 +7,7 @@ import { mkdir, rm, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { Daemon } from "../../agent/daemon/daemon.ts";
 import { createLogger } from "../../lib/log/log.ts";
-import { makeBundle, sandbox, script } from "../fixtures/bundle.ts";
+import { makeBundle, sandbox, script } from "../../scripts/lib/bundle.ts";
 
 class FakeChild extends EventEmitter {
   exitCode: number | null = null;

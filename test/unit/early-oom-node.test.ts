@@ -4,7 +4,7 @@ import t, { type Test } from "tap";
 import { Registry } from "../../lib/prometheus.ts";
 import { EarlyOom, type EarlyOomConfig } from "../../agent/early-oom/early-oom.ts";
 import { StaticPods } from "../../agent/early-oom/pods.ts";
-import { captureLogger, FakeNode, LAYOUTS, type FakePod, type Layout, type Load } from "../fixtures/early-oom.ts";
+import { captureLogger, FakeNode, LAYOUTS, type FakePod, type Layout, type Load } from "../../scripts/lib/early-oom.ts";
 
 /** Memory really short: most time fully stalled, little available, reclaim thrashing. */
 const THRASH: Load = { full: 0.6, some: 0.85, memAvailableMi: 200, scan: 20_000, refault: 5000 };

@@ -11,7 +11,7 @@ import { evaluate, CALM } from "../../agent/early-oom/trigger.ts";
 import type { PodCgroup } from "../../agent/early-oom/cgroups.ts";
 import { Registry } from "../../lib/prometheus.ts";
 import { parseAddress, startMetricsServer } from "../../agent/metrics-server.ts";
-import { captureLogger } from "../fixtures/early-oom.ts";
+import { captureLogger } from "../../scripts/lib/early-oom.ts";
 
 t.test("PSI, meminfo and vmstat as the kernel writes them", async (t) => {
   const psi = parsePsi(

@@ -4,7 +4,7 @@ import os from "node:os";
 import path from "node:path";
 import { readWatchdogInfo, sysfsDirFor, Watchdog } from "../../agent/fencing/watchdog.ts";
 import { setupSoftdog, SOFTDOG } from "../../agent/fencing/softdog.ts";
-import { fakeWatchdog } from "../fixtures/watchdog.ts";
+import { fakeWatchdog } from "../../scripts/lib/watchdog.ts";
 
 const tmp = () => mkdtemp(path.join(os.tmpdir(), "bashible-wd-"));
 

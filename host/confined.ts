@@ -25,7 +25,7 @@ import {
 import type { Stats } from "node:fs";
 import path from "node:path";
 import { randomBytes } from "node:crypto";
-import { writeAtomic } from "../../lib/atomic-write.ts";
+import { writeAtomic } from "../lib/atomic-write.ts";
 
 /** Links a real system ships; followed (inside the root) when root owns them and their directory. */
 export const SYSTEM_LINKS: ReadonlySet<string> = new Set([

@@ -8,10 +8,11 @@ import type { FileHandle } from "node:fs/promises";
 import { constants as C } from "node:fs";
 import { open } from "node:fs/promises";
 import path from "node:path";
-import type { BundleFamily } from "../../bundles/os-families.ts";
-import { PATHS } from "../../bundles/paths.ts";
+import type { BundleFamily } from "../bundles/os-families.ts";
+import { PATHS } from "../bundles/paths.ts";
 import { ConfinedFs, type FileStat, type Ownership } from "./confined.ts";
-import { CommandError, mustRun, redact, run, type RunOptions, type RunResult } from "./runner.ts";
+import { redact } from "../lib/log/redact.ts";
+import { CommandError, mustRun, run, type RunOptions, type RunResult } from "./runner.ts";
 
 export type { FileStat, Ownership } from "./confined.ts";
 export { CommandError, MissingProgramError, type RunResult } from "./runner.ts";

@@ -1,4 +1,4 @@
-// Throwaway Debian nodes: a cached debootstrap root (test/lib/debian-root.ts) booted with
+// Throwaway Debian nodes: a cached debootstrap root (scripts/lib/debian-root.ts) booted with
 // `systemd-nspawn -b`, so systemd is PID 1 and the agent meets a real init, real units, real
 // shadow tools and a real journal.
 //
@@ -933,7 +933,7 @@ export async function rootSandbox(lower: string, opts: { parentDir?: string } = 
 }
 
 // By hand, for debugging: boots a node and keeps it until Ctrl-C, then prints what it changed.
-//   node test/lib/nspawn-node.ts [--writable-cgroups] [--writable-proc-sys] [nspawn args, e.g. --bind-ro=/src:/mnt]
+//   node scripts/lib/nspawn-node.ts [--writable-cgroups] [--writable-proc-sys] [nspawn args, e.g. --bind-ro=/src:/mnt]
 if (import.meta.main) {
   const args = process.argv.slice(2);
   const node = await bootNode({

@@ -6,10 +6,10 @@ import type { ChildProcess } from "node:child_process";
 import { mkdtemp, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
-import { buildDist } from "../../../scripts/build.ts";
-import { type BuiltPackage, buildPackages } from "../../../scripts/package.ts";
-import { debianRoot, NODE_PACKAGES } from "../../lib/debian-root.ts";
-import { bootNode, type NodeOptions, type NspawnNode } from "../../lib/nspawn-node.ts";
+import { buildDist } from "../../build.ts";
+import { type BuiltPackage, buildPackages } from "../../package.ts";
+import { debianRoot, NODE_PACKAGES } from "../debian-root.ts";
+import { bootNode, type NodeOptions, type NspawnNode } from "../nspawn-node.ts";
 import { isNotFound } from "../../../lib/kube/errors.ts";
 import { CONTROL_PLANE_HOST, type E2eCluster, startE2eCluster } from "./cluster.ts";
 import { buildImages, type ImageArchive } from "./images.ts";
@@ -20,7 +20,7 @@ import { buildImages, type ImageArchive } from "./images.ts";
  */
 export const E2E_NODE_PACKAGES: readonly string[] = [...NODE_PACKAGES, "nginx-light", "libnginx-mod-stream"];
 
-/** What a node of the scenario needs from systemd-nspawn (see test/lib/nspawn-node.ts). */
+/** What a node of the scenario needs from systemd-nspawn (see scripts/lib/nspawn-node.ts). */
 export const E2E_NODE_OPTIONS: NodeOptions = {
   // containerd's overlayfs snapshots cannot have their upper dirs on the overlay a node usually is.
   copyRoot: true,

@@ -1,5 +1,5 @@
 // Cached Debian root filesystems made with `debootstrap --variant=minbase`, for the nspawn
-// nodes (test/lib/nspawn-node.ts) and for sandbox roots that need a real distribution.
+// nodes (scripts/lib/nspawn-node.ts) and for sandbox roots that need a real distribution.
 //
 // A root is keyed by what goes into it (suite, architecture, mirror, package list): the same
 // request reuses the same tree, a different package list gets its own. Roots live outside the

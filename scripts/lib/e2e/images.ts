@@ -11,7 +11,7 @@ import { existsSync } from "node:fs";
 import { cp, mkdir, mkdtemp, rename, rm, symlink, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
-import { debian } from "../../../scripts/package.ts";
+import { debian } from "../../package.ts";
 
 export const PAUSE_IMAGE = "e2e.bashible.test/pause:e2e";
 export const BUSYBOX_IMAGE = "e2e.bashible.test/busybox:e2e";

@@ -4,31 +4,13 @@
 // which only ever loads in the short-lived converge child (docs/benchmarks.md compares it with a
 // bare spawn).
 import { constants } from "node:os";
+import { PROGRAM_PACKAGES } from "../bundles/os-families.ts";
+import { redact } from "../lib/log/redact.ts";
 
 /** execa loads with the first command: a plan that runs none never pays for it. */
 let execaModule: Promise<typeof import("execa")> | undefined;
 const loadExeca = () => (execaModule ??= import("execa"));
 
-/** Programs the steps run, and the Debian / RHEL packages that provide them. */
-export const PROGRAM_PACKAGES: Record<string, { debian: string; rhel: string }> = {
-  visudo: { debian: "sudo", rhel: "sudo" },
-  useradd: { debian: "passwd", rhel: "shadow-utils" },
-  usermod: { debian: "passwd", rhel: "shadow-utils" },
-  userdel: { debian: "passwd", rhel: "shadow-utils" },
-  groupadd: { debian: "passwd", rhel: "shadow-utils" },
-  chpasswd: { debian: "passwd", rhel: "shadow-utils" },
-  "update-ca-certificates": { debian: "ca-certificates", rhel: "ca-certificates" },
-  "update-ca-trust": { debian: "ca-certificates", rhel: "ca-certificates" },
-  tar: { debian: "tar", rhel: "tar" },
-  gzip: { debian: "gzip", rhel: "gzip" },
-  bash: { debian: "bash", rhel: "bash" },
-  pgrep: { debian: "procps", rhel: "procps-ng" },
-  pkill: { debian: "procps", rhel: "procps-ng" },
-  systemctl: { debian: "systemd", rhel: "systemd" },
-  "systemd-analyze": { debian: "systemd", rhel: "systemd" },
-  nginx: { debian: "nginx-light (with libnginx-mod-stream)", rhel: "nginx (with nginx-mod-stream)" },
-  modprobe: { debian: "kmod", rhel: "kmod" },
-};
 
 /** A program is not installed: waiting will not help, so the step fails at once. */
 export class MissingProgramError extends Error {
@@ -87,11 +69,6 @@ export class CommandError extends Error {
 
 const KEEP_BYTES = 64 * 1024;
 
-export function redact(text: string, secrets: readonly string[] = []): string {
-  let out = text;
-  for (const s of secrets) if (s.length >= 4) out = out.split(s).join("[redacted]");
-  return out;
-}
 
 function tail(lines: string[]): string {
   let text = lines.join("\n");

@@ -2,9 +2,16 @@
 // holding why it was set. Steps set them through the context, NodeGroupConfiguration scripts
 // through bb-flag-set, and the engine acts on them (reboot at the end, disruption approval,
 // restarts). Files, so a flag survives a killed run and the next run still acts on it.
-import { PATHS } from "../../bundles/paths.ts";
-import type { Host } from "../host/host.ts";
-import type { Flags } from "../../steps/types.ts";
+import { PATHS } from "../bundles/paths.ts";
+import type { Host } from "./host.ts";
+
+/** Deckhouse's run flags (/var/lib/bashible/.bb-workspace/flag): reboot, disruption, …. */
+export interface Flags {
+  has(name: string): Promise<boolean>;
+  set(name: string, why: string): Promise<void>;
+  unset(name: string): Promise<void>;
+  list(): Promise<string[]>;
+}
 
 const FLAG_NAME = /^[a-z0-9][a-z0-9._-]{0,100}$/;
 

@@ -23,12 +23,12 @@ import { startPackagesProxy, type PackagesProxy } from "../../../cluster/package
 import { CONTEXT_KEY, CONTEXT_SECRET } from "../../../cluster/sources/kube.ts";
 import { NAMESPACE, SECRETS } from "../../../bundles/names.ts";
 import { getSecret } from "../../../lib/kube/api.ts";
-import type { BuiltPackage } from "../../../scripts/package.ts";
-import { registerAPIService } from "../../fixtures/bundle-server.ts";
-import { startRegistry, type Registry } from "../../fixtures/registry.ts";
-import { type ControlPlane, freePort, startControlPlane } from "../../lib/control-plane.ts";
-import { until } from "../../lib/until.ts";
-import { createCA, issueCert } from "../../lib/pki.ts";
+import type { BuiltPackage } from "../../package.ts";
+import { registerAPIService } from "../bundle-server.ts";
+import { startRegistry, type Registry } from "../registry.ts";
+import { type ControlPlane, freePort, startControlPlane } from "../control-plane.ts";
+import { until } from "../until.ts";
+import { createCA, issueCert } from "../pki.ts";
 import { PAUSE_IMAGE } from "./images.ts";
 
 /** The name nodes dial for the API server and the registry-packages proxy. */

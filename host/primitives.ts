@@ -1,9 +1,9 @@
 // How the engine carries out each primitive change. Steps never do these themselves, so every
 // write is confined and atomic, every command is logged and killable, and every unit action
 // goes through one place that a sandbox can record.
-import type { Host } from "../host/host.ts";
-import type { Primitive } from "../host/changes.ts";
-import type { Flags } from "../../steps/types.ts";
+import type { Host } from "./host.ts";
+import type { Primitive } from "./changes.ts";
+import type { Flags } from "./flags.ts";
 
 export interface ApplyContext {
   logFile?: string;
