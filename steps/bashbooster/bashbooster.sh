@@ -71,37 +71,46 @@ BB_ZYPPER_INSTALL_EXTRA_ARGS="${BB_ZYPPER_INSTALL_EXTRA_ARGS:-}"
 # "<prefix> [LEVEL] message" on stderr. The prefix is "bb-<area>" inside a helper (bb-flag,
 # bb-sync, …), else the step's name.
 
+# Logging and events are on every helper's path and events recurse: they compute their values
+# into variables instead of $(...), which forks the whole (possibly deep) shell every call.
+
+# _bb_log_code LEVEL: the numeric level of LEVEL, in _BB_LOG_CODE.
 _bb_log_code() {
     case "${1^^}" in
-        1 | DEBUG) echo 1 ;;
-        2 | INFO) echo 2 ;;
-        3 | WARNING | WARN) echo 3 ;;
-        4 | ERROR) echo 4 ;;
-        *) echo 2 ;;
+        1 | DEBUG) _BB_LOG_CODE=1 ;;
+        2 | INFO) _BB_LOG_CODE=2 ;;
+        3 | WARNING | WARN) _BB_LOG_CODE=3 ;;
+        4 | ERROR) _BB_LOG_CODE=4 ;;
+        *) _BB_LOG_CODE=2 ;;
     esac
 }
 
+# _bb_log_prefix: who is logging, in _BB_LOG_PREFIX: the helper's area (bb-flag), else the step.
 _bb_log_prefix() {
-    local f
-    for f in "${FUNCNAME[@]:2}"; do
+    # Indexed, not "${FUNCNAME[@]:2}": that copies the whole call stack on every line logged.
+    local f i n=${#FUNCNAME[@]}
+    for ((i = 2; i < n; i++)); do
+        f=${FUNCNAME[i]}
         case "$f" in
             bb-log* | bb-exit* | bb-cleanup | _bb_*) continue ;;
             bb-*)
                 local rest="${f#bb-}"
-                echo "bb-${rest%%-*}"
+                _BB_LOG_PREFIX="bb-${rest%%-*}"
                 return
                 ;;
             *) break ;;
         esac
     done
-    echo "${BB_LOG_PREFIX:-${BASHIBLE_STEP:-$(basename -- "$0")}}"
+    _BB_LOG_PREFIX="${BB_LOG_PREFIX:-${BASHIBLE_STEP:-${0##*/}}}"
 }
 
 _bb_log() {
     local code=$1 level=$2
     shift 2
-    if ((code >= $(_bb_log_code "$BB_LOG_LEVEL"))); then
-        printf '%s [%s] %s\n' "$(_bb_log_prefix)" "$level" "$*" >&2
+    _bb_log_code "$BB_LOG_LEVEL"
+    if ((code >= _BB_LOG_CODE)); then
+        _bb_log_prefix
+        printf '%s [%s] %s\n' "$_BB_LOG_PREFIX" "$level" "$*" >&2
     fi
 }
 
@@ -200,18 +209,20 @@ bb-event-init() {
     BB_EVENT_DIR="$(bb-tmp-dir)"
 }
 
+# _bb_event_file EVENT: the file of EVENT's handlers, in _BB_EVENT_FILE.
 _bb_event_file() {
     if [[ -z "$1" || "$1" == */* || "$1" == .* ]]; then
         bb-log-error "invalid event name '$1'"
         return 1
     fi
-    echo "$BB_EVENT_DIR/$1.handlers"
+    _BB_EVENT_FILE="$BB_EVENT_DIR/$1.handlers"
 }
 
 # bb-event-on EVENT HANDLER: HANDLER (a command line) runs on EVENT, with the event's arguments.
 bb-event-on() {
     local file
-    file="$(_bb_event_file "$1")" || return 1
+    _bb_event_file "$1" || return 1
+    file=$_BB_EVENT_FILE
     touch "$file"
     if ! grep -Fxq -- "$2" "$file"; then
         bb-log-debug "Subscribed handler '$2' on event '$1'"
@@ -222,7 +233,8 @@ bb-event-on() {
 # bb-event-off EVENT HANDLER
 bb-event-off() {
     local file
-    file="$(_bb_event_file "$1")" || return 1
+    _bb_event_file "$1" || return 1
+    file=$_BB_EVENT_FILE
     if [[ -f "$file" ]]; then
         bb-log-debug "Removed handler '$2' from event '$1'"
         local rest
@@ -237,7 +249,8 @@ bb-event-fire() {
     local event=$1
     shift
     local file
-    file="$(_bb_event_file "$event")" || return 1
+    _bb_event_file "$event" || return 1
+    file=$_BB_EVENT_FILE
     BB_EVENT_DEPTH[$event]=$((${BB_EVENT_DEPTH[$event]:-0} + 1))
     if ((BB_EVENT_DEPTH[$event] >= BB_EVENT_MAX_DEPTH)); then
         bb-exit "$BB_ERROR_EVENT_MAX_DEPTH_REACHED" "Max recursion depth has been reached on processing event '$event'"
@@ -257,7 +270,7 @@ bb-event-fire() {
 # bb-event-delay EVENT [ARGS...]: fire EVENT with ARGS when the step ends (once, however often delayed).
 bb-event-delay() {
     (($#)) || return 0
-    _bb_event_file "$1" >/dev/null || return 1
+    _bb_event_file "$1" || return 1
     local line
     line="$(printf '%q ' "$@")"
     touch "$BB_EVENT_DIR/events"
