@@ -4,12 +4,13 @@ import { readFile } from "node:fs/promises";
 import path from "node:path";
 import { EXIT, UsageError, type Command } from "../../lib/cli.ts";
 import { PATHS } from "../../bundles/paths.ts";
-import type { FencingStatus } from "../fencing/fencing.ts";
+import { systemClock } from "../fencing/clock.ts";
+import type { FencingStatus } from "../fencing/status-file.ts";
 
 const ago = (iso: string | undefined, now: number) =>
   iso ? `${iso} (${((now - Date.parse(iso)) / 1000).toFixed(1)} s ago)` : "never";
 
-export function formatFencingStatus(s: FencingStatus, alive: boolean, now = Date.now()): string {
+export function formatFencingStatus(s: FencingStatus, alive: boolean, now = systemClock()): string {
   const l: string[] = [];
   const t = s.timings;
   l.push(`node:             ${s.node}${s.nodeGroup ? ` (group ${s.nodeGroup})` : ""}`);

@@ -47,12 +47,22 @@ export interface DecideOptions {
   apiReachableForSeconds?: number;
 }
 
+/**
+ * The kubelet Lease's age as the kubelet rule counts it: since the last renewal, but never from
+ * before the API last came back (a kubelet cannot renew while the API is away). The one place
+ * the rule's age is computed: a check's verdict (here) and the pet timer's bound (decision.ts)
+ * both use it. Any unit, the same for both arguments.
+ */
+export function kubeletRuleAge(leaseAge: number, apiReachableFor: number | undefined): number {
+  return Math.min(leaseAge, apiReachableFor ?? Number.POSITIVE_INFINITY);
+}
+
 export function decide(api: ApiCheck, peers: PeerAnswer[] | undefined, knownPeers: number, o: DecideOptions): Verdict {
   if (api.reached) {
     const age =
       api.kubeletLeaseAgeSeconds === undefined
         ? undefined
-        : Math.min(api.kubeletLeaseAgeSeconds, o.apiReachableForSeconds ?? Number.POSITIVE_INFINITY);
+        : kubeletRuleAge(api.kubeletLeaseAgeSeconds, o.apiReachableForSeconds);
     if (
       api.result === "ok" &&
       o.kubeletSeenAlive &&

@@ -5,6 +5,7 @@
 import type { KubeClient } from "../../lib/kube/client.ts";
 import { getLease } from "../../lib/kube/api.ts";
 import { KubeError, KubeStatusError } from "../../lib/kube/errors.ts";
+import type { Clock } from "./clock.ts";
 
 export type ApiResult =
   /** A 2xx answer. */
@@ -64,7 +65,7 @@ export async function checkApi(
   client: KubeClient | undefined,
   nodeName: string,
   timeoutMs: number,
-  now: () => number,
+  now: Clock,
 ): Promise<ApiCheck> {
   const at = now();
   if (!client) return { result: "no-client", reached: false, at, durationMs: 0, detail: "no cluster credentials" };
@@ -78,8 +79,9 @@ export async function checkApi(
       reached: true,
       at,
       durationMs: done - at,
+      // The age when the answer came, on the same clock as everything else fencing compares.
       ...(Number.isFinite(renew)
-        ? { kubeletLeaseAgeSeconds: Math.max(0, Math.round((Date.now() - renew) / 1000)), kubeletLeaseRenewedAt: renew }
+        ? { kubeletLeaseAgeSeconds: Math.max(0, Math.round((done - renew) / 1000)), kubeletLeaseRenewedAt: renew }
         : {}),
     };
   } catch (err) {

@@ -11,6 +11,7 @@ import https from "node:https";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { TLSSocket } from "node:tls";
 import type { ApiResult } from "./health.ts";
+import { type Clock, systemClock } from "./clock.ts";
 
 export interface PeerTls {
   cert: Buffer;
@@ -94,6 +95,8 @@ export interface PeerServerOptions {
   /** This node's last API check, as a report. */
   report: () => PeerReport;
   onError?: (msg: string) => void;
+  /** The clock certificates are checked against (fencing's one clock). */
+  now?: Clock;
 }
 
 export class PeerServer {
@@ -162,7 +165,11 @@ export class PeerServer {
       res.writeHead(status, { "Content-Type": "application/json", "Content-Length": Buffer.byteLength(text) });
       res.end(text);
     };
-    const who = nodeOfCertificate((req.socket as TLSSocket).getPeerX509Certificate(), this.cas, Date.now());
+    const who = nodeOfCertificate(
+      (req.socket as TLSSocket).getPeerX509Certificate(),
+      this.cas,
+      (this.o.now ?? systemClock)(),
+    );
     if ("error" in who) reply(401, { error: who.error });
     else if (!this.o.allowed(who.node)) reply(403, { error: `node ${who.node} is not a peer of this group` });
     else if (req.method !== "GET" || req.url !== PEER_PATH) reply(404, { error: "not found" });
@@ -180,15 +187,18 @@ export interface AskOptions {
   maxReportAgeMs: number;
   /** A keep-alive agent with the same TLS material; without one, every ask is a new connection. */
   agent?: https.Agent;
+  /** The clock certificates are checked against and the deadline is measured on (fencing's one clock). */
+  now?: Clock;
 }
 
 /** Asks one peer; never throws: every failure is an answer of its own kind. */
 export async function askPeer(peer: Peer, o: AskOptions): Promise<PeerAnswer> {
-  const started = Date.now();
+  const now = o.now ?? systemClock;
+  const started = now();
   const first = await askOnce(peer, o);
   // A kept-alive connection the peer had closed (it restarted): ask again on a new one.
-  if (first.retry && Date.now() - started < o.timeoutMs / 2)
-    return askOnce(peer, { ...o, timeoutMs: o.timeoutMs - (Date.now() - started) });
+  const spent = now() - started;
+  if (first.retry && spent < o.timeoutMs / 2) return askOnce(peer, { ...o, timeoutMs: o.timeoutMs - spent });
   const { retry: _retry, ...answer } = first;
   return answer;
 }
@@ -229,7 +239,10 @@ function askOnce(peer: Peer, o: AskOptions): Promise<PeerAnswer & { retry?: bool
     req.once("socket", (sock) => {
       if (proven.has(sock)) return;
       sock.once("secureConnect", () =>
-        proven.set(sock, nodeOfCertificate((sock as TLSSocket).getPeerX509Certificate(), cas, Date.now())),
+        proven.set(
+          sock,
+          nodeOfCertificate((sock as TLSSocket).getPeerX509Certificate(), cas, (o.now ?? systemClock)()),
+        ),
       );
     });
     req.once("error", (err: NodeJS.ErrnoException) =>

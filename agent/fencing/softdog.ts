@@ -7,6 +7,7 @@ import { execFile } from "node:child_process";
 import { appendFile, mkdir, readFile, rename, stat, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { PATHS } from "../../bundles/paths.ts";
+import { type Clock, systemClock } from "./clock.ts";
 
 export const SOFTDOG = {
   modprobeConf: "/etc/modprobe.d/bashible-softdog.conf",
@@ -43,7 +44,12 @@ const run = (cmd: string, args: string[]) =>
  * missing. A loaded module keeps the margin it was loaded with: the caller reads the real
  * timeout from sysfs and refuses to arm when it is longer than the cluster side assumes.
  */
-export async function setupSoftdog(root: string, device: string, marginSeconds: number): Promise<SoftdogSetup> {
+export async function setupSoftdog(
+  root: string,
+  device: string,
+  marginSeconds: number,
+  now: Clock = systemClock,
+): Promise<SoftdogSetup> {
   const changed: string[] = [];
   const options = `# Written by bashible (fencing). The node panics ${marginSeconds} s after the agent's last pet.\noptions softdog soft_margin=${marginSeconds} soft_panic=1\n`;
   if (await ensureFile(root, SOFTDOG.modprobeConf, options)) changed.push(SOFTDOG.modprobeConf);
@@ -58,7 +64,10 @@ export async function setupSoftdog(root: string, device: string, marginSeconds: 
   if (root !== "/") {
     const log = path.join(root, PATHS.sandboxActions);
     await mkdir(path.dirname(log), { recursive: true });
-    await appendFile(log, `${new Date().toISOString()} modprobe softdog soft_margin=${marginSeconds} soft_panic=1\n`);
+    await appendFile(
+      log,
+      `${new Date(now()).toISOString()} modprobe softdog soft_margin=${marginSeconds} soft_panic=1\n`,
+    );
     return { changed, load: `sandbox root: modprobe recorded in ${PATHS.sandboxActions}` };
   }
   await run("modprobe", ["softdog", `soft_margin=${marginSeconds}`, "soft_panic=1"]);
