@@ -7,7 +7,7 @@ import { NODE_KEYS } from "../../bundles/names.ts";
 import { PATHS } from "../../bundles/paths.ts";
 import { acceptBundle } from "../../bundles/verify.ts";
 import { patchNode } from "../../lib/kube/api.ts";
-import { Host } from "../../host/host.ts";
+import { stateHost } from "../converge/state.ts";
 import { clusterClients } from "../converge/connect.ts";
 import { nodeName } from "../converge/node-name.ts";
 import { announceAndWait, hasAnnotation } from "../converge/approval.ts";
@@ -25,7 +25,7 @@ Exit 0 approved, 10 the group replaces nodes instead (RollingUpdate: ${NODE_KEYS
   takesRoot: true,
   logTo: "stderr",
   async run({ values, root, log }) {
-    const host = new Host(root, { id: "", versionId: "", family: "debian", packageManager: "apt" });
+    const host = stateHost(root);
     const name = process.env.D8_NODE_HOSTNAME || (await nodeName(host, undefined));
     const raw = await host.readFile(PATHS.runBundle);
     const mode = raw ? acceptBundle(raw, PATHS.runBundle).context.nodeGroup.disruptions.approvalMode : "Manual";

@@ -1,9 +1,9 @@
 import { EXIT, UsageError, type Command } from "../../lib/cli.ts";
-import { Host } from "../../host/host.ts";
 import { Daemon } from "../daemon/daemon.ts";
 import { agentArgv } from "../self.ts";
 import { nodeName } from "../converge/node-name.ts";
 import { resolveBundleFile } from "../converge/source.ts";
+import { stateHost } from "../converge/state.ts";
 import { CONVERGE_HELP, CONVERGE_OPTIONS, convergeOptions } from "./converge-options.ts";
 import { spawn } from "node:child_process";
 import type { KubeClient } from "../../lib/kube/client.ts";
@@ -101,8 +101,7 @@ ${FENCING_HELP}`,
       if (typeof v === "string") childArgs.push(`--${k}`, v);
     }
     for (const s of (values.server as string[] | undefined) ?? []) childArgs.push("--server", s);
-    // Host needs an OS profile only for steps; the daemon reads state files and talks to the API.
-    const host = new Host(root, { id: "", versionId: "", family: "debian", packageManager: "apt" });
+    const host = stateHost(root);
     let clients: KubeClient[] = [];
     if (!opts.bundle || opts.kubeconfig) clients = await connectViaChild(childArgs);
     const node = await nodeName(host, opts.nodeName);

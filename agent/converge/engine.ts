@@ -26,7 +26,11 @@ export interface RetryPolicy {
 
 export const DEFAULT_RETRY: RetryPolicy = { intervalMs: 2000, maxAttempts: 10 };
 
-export type BaseContext = Omit<StepContext, "stepName" | "logFile" | "secrets">;
+/**
+ * What every step of one run shares. `secrets` are the bundle's (bundleSecrets), bound once per
+ * converge and passed down; a caller that plans or applies a bundle once may leave them out.
+ */
+export type BaseContext = Omit<StepContext, "stepName" | "logFile" | "secrets"> & { secrets?: string[] };
 
 export interface StepPlan {
   name: string;
@@ -80,7 +84,7 @@ async function serviceChange(
 
 /** Plans every step against the host as it is now. Changes nothing. */
 export async function planSteps(host: Host, bundle: NodeGroupBundle, base: BaseContext): Promise<StepPlan[]> {
-  const secrets = await bundleSecrets(bundle);
+  const secrets = base.secrets ?? (await bundleSecrets(bundle));
   const out: StepPlan[] = [];
   const journal = await RunJournal.peek(host);
   const changed = new Set<string>();
@@ -119,10 +123,28 @@ export interface ApplyHooks {
   approveDisruption?(step: BundleStep, reasons: string[]): Promise<boolean>;
 }
 
-export interface ApplyResult {
-  ok: boolean;
-  steps: StepStatus[];
-  failed?: { name: string; error: string };
+/**
+ * How an apply ended, as a tag callers branch on (never its message): every selected step ran
+ * (`completed`), a disruptive change was not approved (`not-approved`: the run waits for the
+ * approval), a step still failed after its retries (`failed`), or the run was stopped
+ * (`aborted`: SIGTERM). `failed` names the step it stopped at and says why, redacted.
+ */
+export type ApplyResult =
+  | { ok: true; stop: "completed"; steps: StepStatus[] }
+  | {
+      ok: false;
+      stop: "not-approved" | "failed" | "aborted";
+      steps: StepStatus[];
+      failed: { name: string; error: string };
+    };
+
+/** The approval hook said no: the run stops at this step, never retried. */
+class DisruptionNotApprovedError extends Error {
+  override name = "DisruptionNotApprovedError";
+  readonly permanent = true;
+  constructor(reasons: string[]) {
+    super(`disruptive change not approved: ${reasons.join("; ")}`);
+  }
 }
 
 export interface ApplyOptions {
@@ -144,7 +166,7 @@ export async function applySteps(
   o: ApplyOptions = {},
 ): Promise<ApplyResult> {
   const retry = o.retry ?? DEFAULT_RETRY;
-  const secrets = await bundleSecrets(bundle);
+  const secrets = base.secrets ?? (await bundleSecrets(bundle));
   const journal = await RunJournal.open(host);
   const selected = bundle.steps.filter((s) => !o.only || o.only(s.name));
   const results: StepStatus[] = selected.map((s) => ({
@@ -171,13 +193,19 @@ export async function applySteps(
   for (const [i, step] of selected.entries()) {
     const status = results[i] as StepStatus;
     if (base.signal?.aborted) {
-      return { ok: false, steps: results, failed: { name: step.name, error: "the run was stopped before this step" } };
+      return {
+        ok: false,
+        stop: "aborted",
+        steps: results,
+        failed: { name: step.name, error: "the run was stopped before this step" },
+      };
     }
     const ctx = contextFor(step, base, secrets);
     const log = ctx.log;
     const started = Date.now();
     await host.writeFile(ctx.logFile, `# ${new Date().toISOString()} ${step.name} (${step.kind})\n`, { mode: 0o640 });
     let lastError = "";
+    let notApproved = false;
     let bound: BoundStep | undefined;
     for (let attempt = 1; attempt <= retry.maxAttempts; attempt++) {
       status.attempts = attempt;
@@ -190,9 +218,7 @@ export async function applySteps(
         if (plan.changes.length > 0) {
           const disruptive = plan.changes.flatMap((c) => (c.disruptive ? [c.disruptive] : []));
           if (disruptive.length && o.hooks?.approveDisruption && !(await o.hooks.approveDisruption(step, disruptive))) {
-            throw Object.assign(new Error(`disruptive change not approved: ${disruptive.join("; ")}`), {
-              permanent: true,
-            });
+            throw new DisruptionNotApprovedError(disruptive);
           }
           await host.appendFile(ctx.logFile, plan.changes.map((c) => `plan: ${redact(c.summary, secrets)}\n`).join(""));
         }
@@ -226,6 +252,7 @@ export async function applySteps(
         break;
       } catch (err) {
         lastError = redact((err as Error).message, secrets);
+        notApproved = err instanceof DisruptionNotApprovedError;
         await host.appendFile(ctx.logFile, `attempt ${attempt} failed: ${lastError}\n`).catch(() => undefined);
         const permanent = isPermanent(err);
         log.warn({ attempt, of: retry.maxAttempts, permanent }, `step failed: ${lastError}`);
@@ -251,12 +278,13 @@ export async function applySteps(
       status.error = lastError;
       const tail = redact(((await host.readText(ctx.logFile).catch(() => "")) ?? "").slice(-500), secrets);
       await o.hooks?.onStepFailed?.(step, lastError, tail);
-      return { ok: false, steps: results, failed: { name: step.name, error: lastError } };
+      const stop = notApproved ? "not-approved" : base.signal?.aborted ? "aborted" : "failed";
+      return { ok: false, stop, steps: results, failed: { name: step.name, error: lastError } };
     }
   }
   // Files a later step (a custom script, say) changed that an earlier step's unit reads.
   await restartServices(declared, base.log);
-  return { ok: true, steps: results };
+  return { ok: true, stop: "completed", steps: results };
 }
 
 /** What the script helpers keep between steps of one run (Deckhouse's bb-run-finished clears it). */

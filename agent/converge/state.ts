@@ -4,7 +4,7 @@
 // may write, moved aside to /var/lib/bashible/corrupt/<name>.corrupt-<time> for a person to
 // read; the last good bundle is then taken from the newest stored bundle that verifies.
 import type { Logger } from "../../lib/log/log.ts";
-import type { Host } from "../../host/host.ts";
+import { Host } from "../../host/host.ts";
 import type { NodeGroupBundle } from "../../bundles/types.ts";
 import { acceptBundle } from "../../bundles/verify.ts";
 import { KEEP_BUNDLES, PATHS } from "../../bundles/paths.ts";
@@ -46,6 +46,14 @@ export interface Status {
   fetchError?: { at: string; message: string };
   /** What the node waits for, while it waits (approval, disruption approval). */
   waiting?: { for: string; since: string };
+}
+
+/**
+ * A host for the state files alone (the daemon, the helpers' callbacks): the OS profile only
+ * matters to steps, which never run on it.
+ */
+export function stateHost(root: string): Host {
+  return new Host(root, { id: "", versionId: "", family: "debian", packageManager: "apt" });
 }
 
 const EMPTY: Status = { failureCount: 0, steps: [] };

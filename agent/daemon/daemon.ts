@@ -7,7 +7,7 @@
 // a check; a request during a check is folded into one more check after it.
 import { spawn, type ChildProcess } from "node:child_process";
 import { watch as fsWatch, type FSWatcher } from "node:fs";
-import { mkdir, readFile, stat, writeFile } from "node:fs/promises";
+import { mkdir, stat, writeFile } from "node:fs/promises";
 import path from "node:path";
 import type { Logger } from "../../lib/log/log.ts";
 import type { KubeClient } from "../../lib/kube/client.ts";
@@ -17,8 +17,10 @@ import { Informer } from "../../lib/informer.ts";
 import { API_VERSION } from "../../bundles/types.ts";
 import { NODE_KEYS } from "../../bundles/names.ts";
 import { PATHS } from "../../bundles/paths.ts";
-import { readBootId } from "../facts.ts";
+import type { Host } from "../../host/host.ts";
 import { decide } from "../converge/gate.ts";
+import { gateInput, readGateState, rebootRequested } from "../converge/gate-inputs.ts";
+import { stateHost } from "../converge/state.ts";
 import { ApiBundleSource, FileBundleSource, type BundleSource } from "../converge/source.ts";
 import { agentArgv } from "../self.ts";
 
@@ -49,19 +51,11 @@ const CREDENTIAL_FILES = [PATHS.kubeletKubeconfig, PATHS.kubeletClientPem, PATHS
 
 const rootPath = (root: string, p: string) => path.join(root, p);
 
-/** Reads a state file; only "no such file" means absent (EACCES or EIO are errors, not "none"). */
-async function readOptional(file: string): Promise<string | undefined> {
-  try {
-    return await readFile(file, "utf8");
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === "ENOENT") return undefined;
-    throw err;
-  }
-}
-
 export class Daemon {
   private readonly o: DaemonOptions;
   private readonly log: Logger;
+  /** The state files the gate reads, through the same reader as the converge child. */
+  private readonly host: Host;
   private readonly abort = new AbortController();
   private child: ChildProcess | undefined;
   private rerun: string | undefined;
@@ -86,6 +80,7 @@ export class Daemon {
   constructor(o: DaemonOptions) {
     this.o = o;
     this.log = o.log;
+    this.host = stateHost(o.root);
     this.group = o.nodeGroup;
     this.clients = o.clients;
     this.done = new Promise((r) => (this.resolveDone = r));
@@ -190,9 +185,7 @@ export class Daemon {
       this.startWatches();
       this.check("node group known", true);
     }
-    const rebootNow = node.metadata.annotations?.[NODE_KEYS.reboot] !== undefined;
-    const rebootBefore = before?.metadata.annotations?.[NODE_KEYS.reboot] !== undefined;
-    if (rebootNow && !rebootBefore) this.check("reboot requested");
+    if (rebootRequested(node) && !rebootRequested(before)) this.check("reboot requested");
   }
 
   /** mtimes of the credential files: a change (kubelet.conf appeared, certificate rotated) means reconnect. */
@@ -297,33 +290,10 @@ export class Daemon {
   }
 
   private async checkGate(reason: string): Promise<void> {
-    const [applied, status, rebootFlag, bootId] = await Promise.all([
-      readOptional(rootPath(this.o.root, PATHS.configurationChecksum)).then((s) => s?.trim() || undefined),
-      readOptional(rootPath(this.o.root, PATHS.status)),
-      stat(rootPath(this.o.root, `${PATHS.flags}/reboot`)).then(
-        () => true,
-        (err: NodeJS.ErrnoException) => {
-          if (err.code === "ENOENT") return false;
-          throw err;
-        },
-      ),
-      readBootId(),
-    ]);
-    let appliedBootId: string | undefined;
-    try {
-      appliedBootId = status ? (JSON.parse(status) as { appliedBootId?: string }).appliedBootId : undefined;
-    } catch {
-      // A torn status.json means "no applied boot": the gate runs a converge, which sets it aside.
-      appliedBootId = undefined;
-    }
-    const gate = decide({
-      bundleChecksum: this.bundleChecksum ?? applied ?? "",
-      bootId,
-      appliedChecksum: applied,
-      appliedBootId,
-      rebootRequested: this.node?.metadata.annotations?.[NODE_KEYS.reboot] !== undefined,
-      rebootPending: rebootFlag,
-    });
+    // A torn status.json reads as "no applied boot": the gate runs a converge, which sets it aside.
+    const state = await readGateState(this.host, { log: this.log });
+    const applied = state.appliedChecksum;
+    const gate = decide(gateInput(state, this.bundleChecksum ?? applied ?? "", this.node));
     if (gate.run) {
       this.trigger(`${reason}: ${gate.reason}`);
       return;
