@@ -19,7 +19,7 @@ const COMMANDS: Record<string, () => Promise<{ default: Command }>> = {
   "internal-disruption": () => import("./commands/internal-disruption.ts"),
   version: () => import("./commands/version.ts"),
   "internal-connections": () => import("./commands/connections.ts"),
-  server: () => import("../cluster/command.ts"),
+  server: () => import("../cluster/server/command.ts"),
   controllers: () => import("../cluster/controllers/command.ts"),
 };
 

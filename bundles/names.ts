@@ -1,6 +1,6 @@
-// Names other systems read: Node annotations and labels, Event reasons, the namespace and
-// Secrets of the cluster side. Deckhouse's names, so its controllers, dashboards and runbooks
-// keep working.
+// Names other systems read: Node annotations and labels, Event reasons, the namespace, Secrets
+// and Leases of the cluster side. Deckhouse's names, so its controllers, dashboards and runbooks
+// keep working. Built-in step names and their units are in their descriptors (bundles/steps/).
 
 export const NAMESPACE = "d8-cloud-instance-manager";
 
@@ -62,37 +62,29 @@ export const EVENTS = {
   nodeFenced: "NodeFenced",
   fencingNotify: "NodeFencingNotify",
   fencingRefused: "NodeFencingRefused",
+  /** The bundle server, on a NodeGroup or NodeGroupConfiguration it cannot render, and when it renders again. */
+  renderFailed: "BashibleRenderFailed",
+  renderSucceeded: "BashibleRenderSucceeded",
 } as const;
+
+/** Leases in NAMESPACE: the holder of each runs that work, on one replica at a time. */
+export const LEASES = {
+  /** The bundle server's writers: checksums Secret, manual-bootstrap Secrets, render Events. */
+  server: "bashible-server",
+  /** The update controllers (approval, disruption, drain); also `bashible controllers`. */
+  controllers: "bashible-controllers",
+  /** The fencing controller. */
+  fencing: "bashible-fencing-controller",
+} as const;
+
+/** Deckhouse's label on a bootstrap token Secret (kube-system) naming the node group it is for. */
+export const BOOTSTRAP_TOKEN_GROUP_LABEL = "node-manager.deckhouse.io/node-group";
 
 /**
- * Built-in step names: Deckhouse's, so NodeGroupConfiguration weights order custom scripts
- * against them as they do in Deckhouse, and a custom script cannot take one. The API proxy is a
- * 000_* step: those run before the update approval, so a changed set of API servers reaches the
- * node without waiting for one (Deckhouse sorts its 001_configure_kubernetes_api_proxy before its
- * approval step for the same reason).
+ * The registry-packages proxy's response header carrying the package's manifest (base64), so the
+ * node verifies the layer against the manifest digest itself.
  */
-export const BUILTIN_STEPS = {
-  nodeUsers: "000_add_node_users",
-  apiProxy: "000_configure_kubernetes_api_proxy",
-  caCertificates: "003_install_ca_certificates",
-  deckhousePath: "004_add_deckhouse_paths",
-  registryPackages: "007_fetch_registry_packages",
-  containerd: "032_configure_containerd",
-  kubelet: "064_configure_kubelet",
-  kubeletStart: "069_start_kubelet",
-  agent: "080_setup_bashible_service",
-} as const;
-
-/** systemd units the built-in steps manage. */
-export const UNITS = {
-  agent: "bashible.service",
-  /** Restarts bashible.service once the converge in flight has finished (its ExecReload starts it). */
-  agentRestart: "bashible-restart.service",
-  /** Deckhouse's name: the distribution's own containerd.service is left alone. */
-  containerd: "containerd-deckhouse.service",
-  kubelet: "kubelet.service",
-  apiProxy: "kubernetes-api-proxy.service",
-} as const;
+export const PACKAGE_MANIFEST_HEADER = "X-Package-Manifest";
 
 /**
  * Whether the kubelet may register its Node with this label (`--node-labels`): the kubernetes.io

@@ -77,9 +77,6 @@ export const PATHS = {
   packageDownloads: `${STATE_DIR}/registrypackages`,
 } as const;
 
-/** The local API proxy's listen address: what the kubelet's kubeconfigs name. */
-export const API_PROXY_LISTEN = "127.0.0.1:6445";
-
 export const stepLogPath = (step: string) => `${PATHS.logDir}/step.${step}.log`;
 
 export const KEEP_BUNDLES = 10;

@@ -1,7 +1,8 @@
 // The NodeGroupBundle: what the bundle server renders for one node group and what the agent
 // converges to. Self-contained and deterministic; its checksum is sha256 over the canonical
 // serialisation of {nodeGroup, context, steps} (bundles/checksum.ts). Step specs and the
-// context are defined as schemas in bundles/specs.ts; this file is the envelope.
+// context are defined as schemas in bundles/specs.ts (a built-in step's in its descriptor,
+// bundles/steps/); this file is the envelope.
 import type { BundleContext, BundleStep } from "./specs.ts";
 
 export type {

@@ -1,18 +1,14 @@
 // Work that must run on one replica only (writes to shared objects, controllers), started when
 // this replica wins its Lease and stopped when it loses it. Every replica runs a candidate; the
-// others keep serving and take over within a lease duration of the leader's death.
+// others keep serving and take over within a lease duration of the leader's death. All such
+// work goes through here, one Lease each (LEASES in bundles/names.ts): the bundle server's
+// writers (server/app.ts), the update controllers (controllers/run.ts) and the fencing
+// controller (controllers/fencing.ts).
 import os from "node:os";
 import { randomBytes } from "node:crypto";
 import type { KubeClient } from "../lib/kube/client.ts";
 import { LeaderElection } from "../lib/leader-election.ts";
 import type { Logger } from "../lib/log/log.ts";
-
-export const LEASES = {
-  /** The bundle server's writers: checksums Secret, manual-bootstrap Secrets, render Events. */
-  server: "bashible-server",
-  /** The update controllers (approval, disruption, drain); also `bashible controllers`. */
-  controllers: "bashible-controllers",
-} as const;
 
 export interface LeaseTiming {
   /** A dead leader's Lease is taken over this long after its last renewal. Default 10 s. */

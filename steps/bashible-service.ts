@@ -19,7 +19,7 @@
 import { readFileSync } from "node:fs";
 import { asset } from "../lib/assets.ts";
 import { PATHS } from "../bundles/paths.ts";
-import { UNITS } from "../bundles/names.ts";
+import { UNITS } from "../bundles/steps/index.ts";
 import type { BashibleServiceSpec, RegistryPackageRef } from "../bundles/types.ts";
 import type { Host } from "../host/host.ts";
 import { planDir, planFile } from "../host/file-plan.ts";
@@ -132,8 +132,9 @@ async function planAgentUpdate(
 }
 
 /** Runs a package's install with its own D8_ROOT (the release directory). */
-/** The download and verification of registry packages, loaded only when an update runs (it brings the HTTP client). */
-const packages = () => import("./registry-packages.ts");
+/** The package library, loaded only when an update runs (its download brings the HTTP client). */
+const packageFetch = () => import("./lib/package-fetch.ts");
+const packageStore = () => import("./lib/package-store.ts");
 
 async function installInto(
   host: Host,
@@ -143,7 +144,7 @@ async function installInto(
   release: string,
 ): Promise<void> {
   // The release directory is the package's root: its install puts the agent under it.
-  await (await packages()).unpackAndInstall(host, ctx, ref, archive, {
+  await (await packageStore()).unpackAndInstall(host, ctx, ref, archive, {
     d8Root: await host.fs.realPath(release),
     needUninstall: false,
   });
@@ -221,7 +222,7 @@ async function updateAgent(spec: BashibleServiceSpec, host: Host, ctx: StepConte
   await host.mkdir(RELEASES, { mode: 0o755 });
   if (!(await host.exists(`${release}/${CHECKED}`))) {
     await host.remove(release, { recursive: true });
-    const { fetchPackage, proxyOf } = await packages();
+    const { fetchPackage, proxyOf } = await packageFetch();
     const archive = await fetchPackage(host, { log: ctx.log, signal: ctx.signal, proxy: proxyOf(ctx) }, ref);
     try {
       await host.mkdir(release, { mode: 0o755 });

@@ -20,7 +20,7 @@
 import { readFile } from "node:fs/promises";
 import { asset } from "../lib/assets.ts";
 import { PATHS } from "../bundles/paths.ts";
-import { UNITS } from "../bundles/names.ts";
+import { UNITS } from "../bundles/steps/index.ts";
 import type { ContainerdRegistry, ContainerdSpec } from "../bundles/types.ts";
 import type { Host } from "../host/host.ts";
 import { planAbsent, planDir, planFile, unifiedDiff } from "../host/file-plan.ts";

@@ -1,5 +1,5 @@
 // Step kind → module. Modules load on demand, so a converge only loads the steps its bundle
-// names. Each kind's spec schema is in bundles/specs.ts.
+// names. A built-in kind's name and spec schema are in its descriptor (bundles/steps/<kind>.ts).
 import type { SpecOf, StepKind } from "../bundles/types.ts";
 import type { Host } from "../host/host.ts";
 import type { Change, OwnChange, Plan, Problem, ServiceDecl, Step, StepContext } from "./types.ts";

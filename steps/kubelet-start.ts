@@ -5,7 +5,7 @@
 // weight 65–68) run before this wait, as in Deckhouse; a restart they ask for with
 // kubelet-need-restart happens at the end of the run.
 import { PATHS } from "../bundles/paths.ts";
-import { UNITS } from "../bundles/names.ts";
+import { UNITS } from "../bundles/steps/index.ts";
 import type { Host } from "../host/host.ts";
 import { sleep } from "../lib/sleep.ts";
 import type { ScriptChange, Step } from "./types.ts";

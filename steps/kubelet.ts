@@ -21,8 +21,9 @@ import os from "node:os";
 import { existsSync } from "node:fs";
 import { stringify } from "yaml";
 import { asset } from "../lib/assets.ts";
-import { API_PROXY_LISTEN, PATHS } from "../bundles/paths.ts";
-import { kubeletMaySetLabel, NODE_KEYS, UNITS } from "../bundles/names.ts";
+import { PATHS } from "../bundles/paths.ts";
+import { kubeletMaySetLabel } from "../bundles/names.ts";
+import { UNITS } from "../bundles/steps/index.ts";
 import type { KubeletSpec } from "../bundles/types.ts";
 import type { Host } from "../host/host.ts";
 import { planDir, planFile } from "../host/file-plan.ts";
@@ -38,7 +39,6 @@ export const CONFIG = PATHS.kubeletConfig;
 export const BOOTSTRAP_KUBECONFIG = PATHS.kubeletBootstrapKubeconfig;
 export const CA = PATHS.clusterCA;
 const STATIC_PODS = "/etc/kubernetes/manifests";
-export const DEFAULT_API_SERVER = `https://${API_PROXY_LISTEN}`;
 
 /** What the machine has: the kernel's, so the same in a sandbox tree as on its host. */
 export interface MachineFacts {
@@ -279,6 +279,3 @@ const step: Step<"Kubelet"> = {
 };
 
 export default step;
-
-/** The taint the kubelet registers the Node with until the first converge finished. */
-export const UNINITIALIZED_TAINT = { key: NODE_KEYS.uninitializedTaint, effect: "NoSchedule" } as const;

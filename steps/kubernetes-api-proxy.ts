@@ -16,7 +16,7 @@
 import { asset } from "../lib/assets.ts";
 import type { BundleFamily } from "../bundles/os-families.ts";
 import { PATHS } from "../bundles/paths.ts";
-import { UNITS } from "../bundles/names.ts";
+import { UNITS } from "../bundles/steps/index.ts";
 import type { KubernetesApiProxySpec } from "../bundles/types.ts";
 import { planDir, planFile } from "../host/file-plan.ts";
 import { RefusedError } from "../lib/errors.ts";

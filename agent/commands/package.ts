@@ -10,7 +10,8 @@ import { DIGEST, PACKAGE_NAME } from "../../bundles/rules.ts";
 import type { RegistryPackageRef } from "../../bundles/types.ts";
 import { Host } from "../../host/host.ts";
 import { osProfile } from "../converge/converge.ts";
-import { fetchPackage, installedDigest, installPackage, removePackage } from "../../steps/registry-packages.ts";
+import { fetchPackage } from "../../steps/lib/package-fetch.ts";
+import { installedDigest, installPackage, removePackage } from "../../steps/lib/package-store.ts";
 
 const command: Command = {
   summary: "install or remove registry packages (for scripts: bb-package-install/-remove)",

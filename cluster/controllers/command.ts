@@ -3,9 +3,8 @@
 import { EXIT, UsageError, type Command } from "../../lib/cli.ts";
 import { KubeClient } from "../../lib/kube/client.ts";
 import { loadKubeconfig, type KubeConnection } from "../../lib/kube/kubeconfig.ts";
-import { NAMESPACE } from "../../bundles/names.ts";
+import { LEASES, NAMESPACE } from "../../bundles/names.ts";
 import { inClusterConnection } from "../in-cluster.ts";
-import { LEASES } from "../leadership.ts";
 import { DEFAULTS } from "./controller.ts";
 import { runControllers } from "./run.ts";
 

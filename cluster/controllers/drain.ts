@@ -185,7 +185,7 @@ export class NodeDrain {
       this.refusals++;
       const why =
         err instanceof KubeStatusError && err.status === 429
-          ? `refused (${err.message.replace(/^.*?: 429 [^:]*: /, "")})`
+          ? `refused (${err.statusMessage})`
           : `failed (${(err as Error).message})`;
       this.d.events.emit(
         {

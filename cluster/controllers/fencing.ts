@@ -14,10 +14,10 @@ import type { KubeClient } from "../../lib/kube/client.ts";
 import { createEvent, deletePod, list, type KubeObject } from "../../lib/kube/api.ts";
 import { isNotFound } from "../../lib/kube/errors.ts";
 import { Informer } from "../../lib/informer.ts";
-import { LeaderElection } from "../../lib/leader-election.ts";
 import type { Logger } from "../../lib/log/log.ts";
 import type { Counter, Registry } from "../../lib/prometheus.ts";
-import { EVENTS, NAMESPACE, NODE_KEYS } from "../../bundles/names.ts";
+import { EVENTS, LEASES, NAMESPACE, NODE_KEYS } from "../../bundles/names.ts";
+import { whileLeading, type Leadership } from "../leadership.ts";
 import {
   type ControllerTimings,
   DEFAULT_CONTROLLER_TIMINGS,
@@ -37,8 +37,11 @@ export interface FencingControllerOptions {
   /** How often nodes are looked at (default 5 s). */
   resyncMs?: number;
   metrics?: Registry;
-  /** Leader election Lease (default d8-cloud-instance-manager/bashible-fencing-controller). */
-  lease?: { namespace: string; name: string; durationSeconds?: number };
+  /**
+   * Leader election: the Lease (default d8-cloud-instance-manager/bashible-fencing-controller)
+   * and its duration (default the server's, 10 s: `--lease-duration`).
+   */
+  lease?: { namespace?: string; name?: string; durationSeconds?: number };
   /** Controller clock (tests). */
   now?: () => number;
 }
@@ -249,29 +252,27 @@ interface LeaseSpec {
 const renewOf = (l: KubeObject) => (l.spec as LeaseSpec | undefined)?.renewTime ?? "";
 
 /**
- * Runs the controller on the leader only (a Lease in d8-cloud-instance-manager). Validates the
+ * Runs the controller on the leader only (a Lease in d8-cloud-instance-manager), through the
+ * same leadership helper as the server's writers and the update controllers. Validates the
  * timings first: an unsafe threshold is refused before anything starts.
  */
-export function startFencingController(o: FencingControllerOptions): { stop(): Promise<void> } {
+export function startFencingController(o: FencingControllerOptions): Leadership {
   fencingTimings(o.timings);
-  let controller: FencingController | undefined;
-  const election = new LeaderElection({
-    client: o.client,
-    namespace: o.lease?.namespace ?? NAMESPACE,
-    name: o.lease?.name ?? "bashible-fencing-controller",
-    leaseDurationSeconds: o.lease?.durationSeconds ?? 15,
-    log: o.log,
-    onStart: () => {
-      controller = new FencingController(o);
+  return whileLeading(
+    {
+      client: o.client,
+      namespace: o.lease?.namespace ?? NAMESPACE,
+      name: o.lease?.name ?? LEASES.fencing,
+      log: o.log,
+      leaseDurationSeconds: o.lease?.durationSeconds,
+    },
+    (signal) => {
+      const controller = new FencingController(o);
       controller.start();
+      // Stopping leading (lost the Lease, or stopping) stops the controller.
+      signal.addEventListener("abort", () => controller.stop(), { once: true });
     },
-    onStop: () => {
-      controller?.stop();
-      controller = undefined;
-    },
-  });
-  // Stopping the election steps down, which stops the controller (onStop).
-  return { stop: () => election.stop() };
+  );
 }
 
 // ---- `bashible server` flags -----------------------------------------------------------------

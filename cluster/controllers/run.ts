@@ -3,7 +3,8 @@
 // (unless --no-controllers), and so does `bashible controllers` on its own.
 import type { KubeClient } from "../../lib/kube/client.ts";
 import type { Logger } from "../../lib/log/log.ts";
-import { LEASES, whileLeading, type Leadership, type LeaseTiming } from "../leadership.ts";
+import { LEASES } from "../../bundles/names.ts";
+import { whileLeading, type Leadership, type LeaseTiming } from "../leadership.ts";
 import { UpdateController, type UpdateControllerOptions } from "./controller.ts";
 import { InitializedController } from "./initialized.ts";
 import { KubeletServingApprover } from "./kubelet-serving.ts";

@@ -19,6 +19,7 @@ import path from "node:path";
 import got, { HTTPError, RequestError } from "got";
 import type { Logger } from "../../lib/log/log.ts";
 import { fsyncDir } from "../../lib/atomic-write.ts";
+import { PACKAGE_MANIFEST_HEADER } from "../../bundles/names.ts";
 
 export const DIGEST_RE = /^sha256:[0-9a-f]{64}$/;
 /** OCI distribution repository name (path components of lowercase alphanumerics and separators). */
@@ -85,8 +86,6 @@ const MANIFEST_TYPES = [
   "application/vnd.oci.image.manifest.v1+json",
   "application/vnd.docker.distribution.manifest.v2+json",
 ].join(", ");
-/** The response header carrying the package's manifest (base64), for the node's own verification. */
-export const MANIFEST_HEADER = "X-Package-Manifest";
 const RETRY_CODES = new Set(["ETIMEDOUT", "ECONNRESET", "ECONNREFUSED", "EPIPE", "EAI_AGAIN", "ENETUNREACH"]);
 
 function sameSecret(a: string, b: string): boolean {
@@ -384,7 +383,7 @@ export function createHandler(opts: ProxyOptions, cache: BlobCache, stats: Proxy
       "Content-Length": String(size),
       ETag: etag,
       "Docker-Content-Digest": layer,
-      [MANIFEST_HEADER]: manifest.toString("base64"),
+      [PACKAGE_MANIFEST_HEADER]: manifest.toString("base64"),
       "Cache-Control": "public, max-age=31536000, immutable",
     });
     if (req.method === "HEAD") return void res.end();

@@ -1,37 +1,39 @@
-// The step catalogue: which built-in steps every bundle has, under which names, in which
-// order, and how custom NodeGroupConfiguration scripts join them. The renderer (cluster/render)
-// validates its inputs and hands this module plain values; the output is the `steps` list of a
-// NodeGroupBundle (bundles/types.ts), ordered by name.
-import type {
-  BashibleServiceSpec,
-  BundleStep,
-  ContainerdSpec,
-  KubeletSpec,
-  KubernetesApiProxySpec,
-  NodeUserSpec,
-  RegistryPackageRef,
-  SpecOf,
-} from "../../bundles/types.ts";
-import { BUILTIN_STEPS } from "../../bundles/names.ts";
+// The step catalogue: a group's built-in steps, each named by its descriptor (bundles/steps/)
+// and built by its spec builder (cluster/render/steps/), and the custom NodeGroupConfiguration
+// scripts among them, ordered by name. The renderer validates its inputs and hands this module
+// plain values; the output is the `steps` list of a NodeGroupBundle (bundles/types.ts).
+import { BUILTIN_LIST, BUILTIN_STEP_NAMES, type BuiltinKind } from "../../bundles/steps/index.ts";
+import type { BundleStep } from "../../bundles/types.ts";
+import { agentSpec } from "./steps/bashible-service.ts";
+import { caCertificatesSpec } from "./steps/ca-certificates.ts";
+import { containerdSpec } from "./steps/containerd.ts";
+import { deckhousePathSpec } from "./steps/deckhouse-path.ts";
+import { kubeletSpec } from "./steps/kubelet.ts";
+import { kubeletStartSpec } from "./steps/kubelet-start.ts";
+import { apiProxySpec } from "./steps/kubernetes-api-proxy.ts";
+import { nodeUsersSpec } from "./steps/node-users.ts";
+import { registryPackagesSpec } from "./steps/registry-packages.ts";
+import type { SpecBuilder, StepInput } from "./steps/spec-builder.ts";
 
-export interface CatalogueInput {
-  users: NodeUserSpec[];
-  clusterCA: string;
-  registryCA?: string | undefined;
-  packages: RegistryPackageRef[];
-  scripts: { name: string; weight: number; script: string; bundles: string[] }[];
-  /** Present when the group's nodes run a kubelet (the API proxy serves it). */
-  apiProxy?: KubernetesApiProxySpec;
-  /** Absent for cri.type NotManaged or without a containerd package. */
-  containerd?: ContainerdSpec;
-  kubelet?: KubeletSpec;
-  kubeletStart?: SpecOf<"KubeletStart">;
-  agent?: BashibleServiceSpec;
+/** Each built-in kind's spec builder (typed over every kind: a kind without one does not compile). */
+const BUILDERS: { [K in BuiltinKind]: SpecBuilder<K> } = {
+  NodeUsers: nodeUsersSpec,
+  KubernetesApiProxy: apiProxySpec,
+  CACertificates: caCertificatesSpec,
+  DeckhousePath: deckhousePathSpec,
+  RegistryPackages: registryPackagesSpec,
+  Containerd: containerdSpec,
+  Kubelet: kubeletSpec,
+  KubeletStart: kubeletStartSpec,
+  BashibleService: agentSpec,
+};
+
+export interface ScriptInput {
+  name: string;
+  weight: number;
+  script: string;
+  bundles: string[];
 }
-
-export { BUILTIN_STEPS };
-
-export const BUILTIN_STEP_NAMES: ReadonlySet<string> = new Set(Object.values(BUILTIN_STEPS));
 
 /**
  * `NNN_<name>`: the weight formatted as Go's `%03d` (Deckhouse's name for the step), so custom
@@ -46,29 +48,28 @@ export function scriptStepName(weight: number, name: string): string {
 export class StepNameClashError extends Error {
   override name = "StepNameClashError";
   readonly step: string;
+  /** The object whose step it would be: NodeGroupConfiguration/<name>. */
+  readonly source: string;
   constructor(step: string, source: string) {
     super(`step name ${step} (from ${source}) is taken by a built-in step; rename the object or change its weight`);
     this.step = step;
+    this.source = source;
   }
 }
 
-export function catalogueSteps(input: CatalogueInput): BundleStep[] {
-  const certificates = [{ name: "kubernetes-ca", pem: input.clusterCA }];
-  if (input.registryCA) certificates.push({ name: "registry-ca", pem: input.registryCA });
-  const steps: BundleStep[] = [
-    { name: BUILTIN_STEPS.nodeUsers, kind: "NodeUsers", spec: { users: input.users } },
-    { name: BUILTIN_STEPS.caCertificates, kind: "CACertificates", spec: { certificates } },
-    { name: BUILTIN_STEPS.deckhousePath, kind: "DeckhousePath", spec: {} },
-    { name: BUILTIN_STEPS.registryPackages, kind: "RegistryPackages", spec: { packages: input.packages } },
-  ];
-  if (input.apiProxy) steps.push({ name: BUILTIN_STEPS.apiProxy, kind: "KubernetesApiProxy", spec: input.apiProxy });
-  if (input.containerd) steps.push({ name: BUILTIN_STEPS.containerd, kind: "Containerd", spec: input.containerd });
-  if (input.kubelet) steps.push({ name: BUILTIN_STEPS.kubelet, kind: "Kubelet", spec: input.kubelet });
-  if (input.kubeletStart) {
-    steps.push({ name: BUILTIN_STEPS.kubeletStart, kind: "KubeletStart", spec: input.kubeletStart });
+/** A built-in step of the group, or undefined when its builder leaves it out. */
+function builtin<K extends BuiltinKind>(d: { name: string; kind: K }, input: StepInput): BundleStep | undefined {
+  const spec = BUILDERS[d.kind](input);
+  return spec === undefined ? undefined : ({ name: d.name, kind: d.kind, spec } as BundleStep);
+}
+
+export function catalogueSteps(input: StepInput, scripts: ScriptInput[]): BundleStep[] {
+  const steps: BundleStep[] = [];
+  for (const d of BUILTIN_LIST) {
+    const step = builtin(d, input);
+    if (step) steps.push(step);
   }
-  if (input.agent) steps.push({ name: BUILTIN_STEPS.agent, kind: "BashibleService", spec: input.agent });
-  for (const s of input.scripts) {
+  for (const s of scripts) {
     const name = scriptStepName(s.weight, s.name);
     const source = `NodeGroupConfiguration/${s.name}`;
     if (BUILTIN_STEP_NAMES.has(name)) throw new StepNameClashError(name, source);

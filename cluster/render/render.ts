@@ -2,28 +2,11 @@
 // cluster context → the three objects served for that group (nodegroupbundles, bashibles,
 // bootstrap). Pure: same inputs and same update epoch give byte-identical output.
 import { canonicalJson, bundleChecksum } from "../../bundles/checksum.ts";
-import {
-  BUILTIN_STEP_NAMES,
-  BUILTIN_STEPS,
-  type CatalogueInput,
-  catalogueSteps,
-  scriptStepName,
-  StepNameClashError,
-} from "./catalogue.ts";
 import { API_VERSION, CHECKSUM_ANNOTATION } from "../../bundles/types.ts";
-import type {
-  BundleContext,
-  ContainerdSpec,
-  KubeletSpec,
-  NodeGroupBundle,
-  NodeUserSpec,
-  RegistryPackageRef,
-  SpecOf,
-  StepKind,
-} from "../../bundles/types.ts";
-import { STEP_SPECS } from "../../bundles/specs.ts";
-import { SpecError } from "../../bundles/schema.ts";
-import { kubeletMaySetLabel, NODE_KEYS } from "../../bundles/names.ts";
+import type { BundleContext, NodeGroupBundle, NodeUserSpec, RegistryPackageRef } from "../../bundles/types.ts";
+import { CLEANUP_PATHS, defaultPackageRepository, NODE_USERS } from "../../bundles/paths.ts";
+import { BUILTIN_STEP_NAMES, CLEANUP_UNITS } from "../../bundles/steps/index.ts";
+import { catalogueSteps, type ScriptInput, scriptStepName, StepNameClashError } from "./catalogue.ts";
 import { RenderError } from "./errors.ts";
 import { renderGoTemplate, TemplateError } from "./go-template.ts";
 import type {
@@ -35,12 +18,7 @@ import type {
 } from "./inputs.ts";
 import { renderTemplate } from "./templates.ts";
 import { nextEpochChangeMs, updateEpoch } from "./update-epoch.ts";
-import { API_PROXY_LISTEN, CLEANUP_PATHS, defaultPackageRepository, NODE_USERS } from "../../bundles/paths.ts";
 import { checkConfiguration, checkContext, checkGroupName, checkNodeUser, checkScriptSize } from "./validate.ts";
-
-/** GECOS of users the NodeUsers step creates; cleanup removes only those. */
-export const USER_MARKER = NODE_USERS.marker;
-export { CLEANUP_PATHS };
 
 export interface ServedObject {
   apiVersion: typeof API_VERSION;
@@ -190,13 +168,6 @@ function templateView(ng: NodeGroupObject, users: NodeUserObject[], ctx: Cluster
   };
 }
 
-interface ScriptInput {
-  name: string;
-  weight: number;
-  script: string;
-  bundles: string[];
-}
-
 /** One NodeGroupConfiguration's step, or the RenderError naming it. */
 function script(c: NodeGroupConfigurationObject, view: unknown): ScriptInput {
   checkConfiguration(c);
@@ -236,192 +207,6 @@ function scripts(configurations: NodeGroupConfigurationObject[], group: string, 
   return out;
 }
 
-/** Packages that decide which node software steps a group gets. */
-export const KUBELET_PACKAGE = "kubelet";
-export const CONTAINERD_PACKAGES = { Containerd: "containerd", ContainerdV2: "containerd2" } as const;
-
-/** Deckhouse's defaults for what a NodeGroup does not say. */
-export const KUBELET_DEFAULTS = {
-  maxPods: 110,
-  containerLogMaxSize: "50Mi",
-  containerLogMaxFiles: 4,
-  clusterDNS: ["10.222.0.10"],
-  clusterDomain: "cluster.local",
-  evictionHard: {
-    "imagefs.available": "5%",
-    "imagefs.inodesFree": "5%",
-    "memory.available": "1%",
-    "nodefs.available": "5%",
-    "nodefs.inodesFree": "5%",
-  },
-  evictionSoft: {
-    "imagefs.available": "10%",
-    "imagefs.inodesFree": "10%",
-    "memory.available": "2%",
-    "nodefs.available": "10%",
-    "nodefs.inodesFree": "10%",
-  },
-  softGracePeriod: "1m30s",
-  clientCertTimeoutSeconds: 300,
-} as const;
-export const DEFAULT_SANDBOX_IMAGE = "registry.k8s.io/pause:3.10";
-
-/** The CRD's spellings of the kubelet's topology manager policies. */
-const TOPOLOGY_POLICIES: Record<string, string> = {
-  None: "none",
-  BestEffort: "best-effort",
-  Restricted: "restricted",
-  SingleNumaNode: "single-numa-node",
-};
-
-/** resourceReservation.static values are int-or-string in the CRD; the kubelet reads strings. */
-function quantities(q: { cpu?: string | number; memory?: string | number; ephemeralStorage?: string | number }) {
-  return Object.fromEntries(
-    Object.entries(q)
-      .filter(([, v]) => v !== undefined && v !== null)
-      .map(([k, v]) => [k, String(v)]),
-  );
-}
-
-/** A rendered spec checked against the contract, so a bad input is the renderer's error naming its source. */
-function checked<K extends StepKind>(kind: K, spec: unknown, source: string, step: string): SpecOf<K> {
-  try {
-    return STEP_SPECS[kind].parse(spec, step) as SpecOf<K>;
-  } catch (err) {
-    if (err instanceof SpecError) throw new RenderError(source, err.message);
-    throw err;
-  }
-}
-
-interface NodeSoftware {
-  /** What 007 installs: the agent and the containerd package the group does not use left out. */
-  packages: RegistryPackageRef[];
-  apiProxy?: CatalogueInput["apiProxy"];
-  containerd?: ContainerdSpec;
-  kubelet?: KubeletSpec;
-  kubeletStart?: CatalogueInput["kubeletStart"];
-  agent?: CatalogueInput["agent"];
-}
-
-/** containerd, the kubelet, the API proxy and the agent's own step, from the NodeGroup's kubelet/cri and the context. */
-function nodeSoftware(
-  ng: NodeGroupObject,
-  ctx: ClusterContext,
-  packages: RegistryPackageRef[],
-  cleanupScript: string,
-): NodeSoftware {
-  const ngName = `NodeGroup/${ng.metadata.name}`;
-  const spec = ng.spec ?? ({} as NodeGroupObject["spec"]);
-  const cri = spec.cri?.type ?? "Containerd";
-  if (!["Containerd", "ContainerdV2", "NotManaged"].includes(cri)) {
-    throw new RenderError(ngName, `spec.cri.type '${cri}' is not one of Containerd, ContainerdV2, NotManaged`);
-  }
-  const containerdPkg = cri === "NotManaged" ? undefined : CONTAINERD_PACKAGES[cri as "Containerd" | "ContainerdV2"];
-  const unused = new Set<string>(Object.values(CONTAINERD_PACKAGES).filter((p) => p !== containerdPkg));
-  unused.add(ctx.agent.package);
-  const byName = new Map(packages.map((p) => [p.name, p]));
-  const out: NodeSoftware = { packages: packages.filter((p) => !unused.has(p.name)) };
-  const agentRef = byName.get(ctx.agent.package);
-  if (agentRef) {
-    out.agent = checked("BashibleService", { agent: agentRef, cleanupScript }, "context", BUILTIN_STEPS.agent);
-  }
-  const cgroupDriver = "systemd";
-  if (containerdPkg && byName.has(containerdPkg)) {
-    const r = ctx.registry;
-    out.containerd = checked(
-      "Containerd",
-      {
-        cgroupDriver,
-        sandboxImage: ctx.images?.pause ?? DEFAULT_SANDBOX_IMAGE,
-        snapshotter: "overlayfs",
-        maxConcurrentDownloads:
-          (cri === "ContainerdV2" ? spec.cri?.containerdV2 : spec.cri?.containerd)?.maxConcurrentDownloads ?? 3,
-        registries: r
-          ? [
-              {
-                host: r.address,
-                scheme: r.scheme ?? "https",
-                ...(r.ca ? { ca: r.ca } : {}),
-                ...(r.auth ? { auth: r.auth } : {}),
-                mirrors: [...(r.mirrors ?? [])],
-              },
-            ]
-          : [],
-        package: containerdPkg,
-      },
-      `${ngName} (spec.cri) or the context (registry, images)`,
-      BUILTIN_STEPS.containerd,
-    );
-  }
-  if (byName.has(KUBELET_PACKAGE)) {
-    const k = spec.kubelet ?? {};
-    const labels: Record<string, string> = {};
-    for (const [key, value] of Object.entries(spec.nodeTemplate?.labels ?? {})) {
-      // The cluster side sets these on the Node; a kubelet asked to would not start.
-      if (kubeletMaySetLabel(key)) labels[key] = value;
-    }
-    labels[NODE_KEYS.group] = ng.metadata.name;
-    labels[NODE_KEYS.nodeType] = spec.nodeType;
-    const soft = KUBELET_DEFAULTS.evictionSoft;
-    out.kubelet = checked(
-      "Kubelet",
-      {
-        cgroupDriver,
-        clusterDNS: [...(ctx.clusterDNS ?? KUBELET_DEFAULTS.clusterDNS)],
-        clusterDomain: ctx.clusterDomain ?? KUBELET_DEFAULTS.clusterDomain,
-        maxPods: k.maxPods ?? KUBELET_DEFAULTS.maxPods,
-        containerLogMaxSize: k.containerLogMaxSize ?? KUBELET_DEFAULTS.containerLogMaxSize,
-        containerLogMaxFiles: k.containerLogMaxFiles ?? KUBELET_DEFAULTS.containerLogMaxFiles,
-        evictionHard: { ...KUBELET_DEFAULTS.evictionHard },
-        evictionSoft: { ...soft },
-        evictionSoftGracePeriod: Object.fromEntries(
-          Object.keys(soft).map((s) => [s, KUBELET_DEFAULTS.softGracePeriod]),
-        ),
-        resourceReservation: {
-          mode: k.resourceReservation?.mode ?? "Auto",
-          ...(k.resourceReservation?.static ? { static: quantities(k.resourceReservation.static) } : {}),
-        },
-        featureGates: { ...(ctx.kubelet?.featureGates ?? {}) },
-        ...(k.seccompDefault !== undefined ? { seccompDefault: k.seccompDefault } : {}),
-        ...(k.topologyManager?.enabled
-          ? {
-              topologyManager: {
-                policy: TOPOLOGY_POLICIES[k.topologyManager.policy ?? "None"] ?? k.topologyManager.policy,
-                scope: (k.topologyManager.scope ?? "Container").toLowerCase(),
-              },
-            }
-          : {}),
-        ...(k.memorySwap?.swapBehavior ? { swapBehavior: k.memorySwap.swapBehavior } : {}),
-        ...(cri === "NotManaged" && spec.cri?.notManaged?.criSocketPath
-          ? { criSocket: spec.cri.notManaged.criSocketPath }
-          : {}),
-        ...(k.rootDir ? { rootDir: k.rootDir } : {}),
-        nodeLabels: labels,
-        nodeTaints: [
-          { key: NODE_KEYS.uninitializedTaint, effect: "NoSchedule" },
-          ...(spec.nodeTemplate?.taints ?? []).map((t) => ({
-            key: t.key,
-            ...(t.value ? { value: t.value } : {}),
-            effect: t.effect,
-          })),
-        ],
-        apiServer: `https://${API_PROXY_LISTEN}`,
-        package: KUBELET_PACKAGE,
-      },
-      `${ngName} (spec.kubelet, spec.nodeTemplate) or the context (clusterDNS, clusterDomain, kubelet)`,
-      BUILTIN_STEPS.kubelet,
-    );
-    out.kubeletStart = { clientCertTimeoutSeconds: KUBELET_DEFAULTS.clientCertTimeoutSeconds };
-    out.apiProxy = checked(
-      "KubernetesApiProxy",
-      { listen: API_PROXY_LISTEN, upstreams: [...ctx.apiserverEndpoints] },
-      "context",
-      BUILTIN_STEPS.apiProxy,
-    );
-  }
-  return out;
-}
-
 /** Renders one group; throws RenderError (naming the object at fault) on bad input. */
 export function renderGroup(ng: NodeGroupObject, inputs: RenderInputs, nowMs: number): RenderedGroup {
   const group = ng.metadata?.name;
@@ -451,27 +236,21 @@ export function renderGroup(ng: NodeGroupObject, inputs: RenderInputs, nowMs: nu
       ? unique[0]!
       : new RenderError(unique[0]!.object, unique.map((e) => e.message).join("; "), unique);
   }
-  const users = specs as NodeUserSpec[];
   const cleanupScript = renderTemplate("cleanup_static_node.sh", {
     nodeGroup: group,
+    units: CLEANUP_UNITS.join(" "),
     paths: CLEANUP_PATHS,
-    userMarker: USER_MARKER,
+    // GECOS of users the NodeUsers step creates: cleanup removes only those.
+    userMarker: NODE_USERS.marker,
   });
-  const software = nodeSoftware(ng, ctx, packages, cleanupScript);
   let steps: NodeGroupBundle["steps"];
   try {
-    steps = catalogueSteps({
-      users,
-      clusterCA: ctx.clusterCA,
-      registryCA: ctx.registry?.ca,
-      scripts: scriptSteps,
-      ...software,
-    });
+    steps = catalogueSteps(
+      { nodeGroup: ng, context: ctx, users: specs as NodeUserSpec[], packages, cleanupScript },
+      scriptSteps,
+    );
   } catch (err) {
-    if (err instanceof StepNameClashError) {
-      const source = err.message.match(/from (\S+)\)/)?.[1] ?? "NodeGroupConfiguration";
-      throw new RenderError(source, err.message);
-    }
+    if (err instanceof StepNameClashError) throw new RenderError(err.source, err.message);
     throw err;
   }
   const checksum = bundleChecksum({ nodeGroup: group, context, steps });

@@ -6,6 +6,9 @@ import {
   DIGEST,
   ENDPOINT,
   GROUP_NAME,
+  MAX_GROUP_NAME,
+  MAX_NODE_USER_UID,
+  MIN_NODE_USER_UID,
   NGC_NAME,
   PACKAGE_NAME,
   RESERVED_USERS,
@@ -19,10 +22,10 @@ export const MAX_SCRIPT_BYTES = 256 * 1024;
 const SHELL_SAFE = /^[A-Za-z0-9:./_-]+$/;
 
 export function checkGroupName(name: string): void {
-  if (typeof name !== "string" || name.length > 42 || !GROUP_NAME.test(name)) {
+  if (typeof name !== "string" || name.length > MAX_GROUP_NAME || !GROUP_NAME.test(name)) {
     throw new RenderError(
       `NodeGroup/${name}`,
-      "invalid name: use at most 42 lower-case letters, digits and '-', starting and ending with a letter or digit",
+      `invalid name: use at most ${MAX_GROUP_NAME} lower-case letters, digits and '-', starting and ending with a letter or digit`,
     );
   }
 }
@@ -35,8 +38,11 @@ export function checkNodeUser(u: NodeUserObject): void {
   }
   if (RESERVED_USERS.has(name)) throw new RenderError(obj, `'${name}' is a system account and cannot be a NodeUser`);
   const uid = u.spec?.uid;
-  if (!Number.isInteger(uid) || uid <= 1000 || uid >= 60000) {
-    throw new RenderError(obj, `uid ${uid} is not allowed: use 1001..59999 (uids up to 1000 belong to the system)`);
+  if (!Number.isInteger(uid) || uid < MIN_NODE_USER_UID || uid > MAX_NODE_USER_UID) {
+    throw new RenderError(
+      obj,
+      `uid ${uid} is not allowed: use ${MIN_NODE_USER_UID}..${MAX_NODE_USER_UID} (uids up to ${MIN_NODE_USER_UID - 1} belong to the system)`,
+    );
   }
   const keys = u.spec.sshPublicKeys ?? [];
   if (!Array.isArray(keys) || keys.some((k) => typeof k !== "string" || /[\r\n]/.test(k) || !k.trim())) {

@@ -9,7 +9,7 @@ import { apiGroup, apiGroupList, apiResourceList, isResource, RESOURCES, type Re
 import type { BundleStore } from "./store.ts";
 import { table, wantsTable } from "./table.ts";
 import type { WatchHub } from "./watch.ts";
-import type { FreshnessCheck } from "../freshness.ts";
+import type { FreshnessCheck } from "./freshness.ts";
 
 export interface HandlerDeps {
   store: BundleStore;

@@ -18,8 +18,7 @@ import type {
 } from "../render/inputs.ts";
 import { GROUP_LABEL } from "./directory.ts";
 import type { Source, SourceSnapshot } from "./types.ts";
-import { SECRETS } from "../../bundles/names.ts";
-import { BOOTSTRAP_TOKEN_GROUP_LABEL } from "../bootstrap-secrets.ts";
+import { BOOTSTRAP_TOKEN_GROUP_LABEL, SECRETS } from "../../bundles/names.ts";
 
 export const CONTEXT_SECRET = SECRETS.context;
 export const CONTEXT_KEY = SECRETS.contextKey;

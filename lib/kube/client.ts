@@ -233,7 +233,13 @@ export class KubeClient {
           const ev = JSON.parse(line) as { type: string; object: Record<string, unknown> };
           if (ev.type === "ERROR") {
             const st = ev.object as { code?: number; reason?: string; message?: string };
-            throw new KubeStatusError(st.code ?? 500, st.reason ?? "", `watch ${url}: ${st.message ?? "error"}`, url);
+            throw new KubeStatusError(
+              st.code ?? 500,
+              st.reason ?? "",
+              `watch ${url}: ${st.message ?? "error"}`,
+              url,
+              st.message ?? "error",
+            );
           }
           yield ev as WatchEvent<T>;
         }
@@ -263,5 +269,6 @@ function statusError(method: string, url: string, res: RawResponse): KubeStatusE
     reason,
     `${method} ${url}: ${res.status} ${reason || "error"}: ${message}`,
     url,
+    message,
   );
 }

@@ -36,16 +36,21 @@ export class KubeNetworkError extends KubeError {
   readonly kind = "network";
 }
 
-/** The API server answered with a non-2xx status; `reason` is the Status object's reason. */
+/**
+ * The API server answered with a non-2xx status; `reason` is the Status object's reason and
+ * `statusMessage` its message (what the server said, without the method, URL and code).
+ */
 export class KubeStatusError extends KubeError {
   override name = "KubeStatusError";
   readonly kind = "status";
   readonly status: number;
   readonly reason: string;
-  constructor(status: number, reason: string, message: string, url: string) {
+  readonly statusMessage: string;
+  constructor(status: number, reason: string, message: string, url: string, statusMessage = message) {
     super(message, url);
     this.status = status;
     this.reason = reason;
+    this.statusMessage = statusMessage;
   }
   get isClientError(): boolean {
     return this.status >= 400 && this.status < 500;

@@ -21,7 +21,7 @@ import { existsSync } from "node:fs";
 import { readFile } from "node:fs/promises";
 import path from "node:path";
 import { BOOTSTRAP_GROUP, BOOTSTRAP_GROUP_PREFIX } from "../../cluster/server/auth.ts";
-import { manualBootstrapData } from "../../cluster/bootstrap-secrets.ts";
+import { manualBootstrapData } from "../../cluster/server/bootstrap-secrets.ts";
 import type { RenderInputs } from "../../cluster/render/inputs.ts";
 import { NODE_KEYS } from "../../bundles/names.ts";
 import { PATHS } from "../../bundles/paths.ts";

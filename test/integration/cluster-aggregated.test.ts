@@ -9,8 +9,8 @@ import { KubeClient } from "../../lib/kube/client.ts";
 import { loadKubeconfig } from "../../lib/kube/kubeconfig.ts";
 import { KubeStatusError } from "../../lib/kube/errors.ts";
 import { createSecret, getSecret, list } from "../../lib/kube/api.ts";
-import { ensureGroupToken, TOKEN_TTL_MS } from "../../cluster/bootstrap-secrets.ts";
-import { writeChecksums } from "../../cluster/checksums.ts";
+import { ensureGroupToken, TOKEN_TTL_MS } from "../../cluster/server/bootstrap-secrets.ts";
+import { writeChecksums } from "../../cluster/server/checksums.ts";
 import { until } from "../../scripts/lib/until.ts";
 
 // Service routing (not endpoint routing): the aggregator then resolves an ExternalName Service

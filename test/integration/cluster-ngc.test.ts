@@ -12,12 +12,12 @@ import { withControlPlane } from "../../scripts/lib/control-plane-fixture.ts";
 import { EXAMPLE_DIR } from "../../scripts/lib/bundle-server.ts";
 import { createCA, issueCert } from "../../scripts/lib/pki.ts";
 import { installCrds } from "../../cluster/crds/install.ts";
-import { startBundleServer } from "../../cluster/app.ts";
+import { startBundleServer } from "../../cluster/server/app.ts";
 import { createSecret, getSecret, list } from "../../lib/kube/api.ts";
 import type { NodeGroupBundle } from "../../bundles/types.ts";
-import { BOOTSTRAP_TOKEN_GROUP_LABEL, pruneExpiredTokens } from "../../cluster/bootstrap-secrets.ts";
+import { pruneExpiredTokens } from "../../cluster/server/bootstrap-secrets.ts";
 import { KubeSource } from "../../cluster/sources/kube.ts";
-import { SECRETS } from "../../bundles/names.ts";
+import { BOOTSTRAP_TOKEN_GROUP_LABEL, SECRETS } from "../../bundles/names.ts";
 import { until } from "../../scripts/lib/until.ts";
 
 const cp = await withControlPlane(t);

@@ -51,6 +51,16 @@ const INNER: { from: string; not: string[]; why: string }[] = [
     not: ["cluster/server/", "cluster/controllers/", "cluster/sources/"],
     why: "rendering is pure",
   },
+  {
+    from: "cluster/controllers/",
+    not: ["cluster/server/", "cluster/sources/", "cluster/render/"],
+    why: "the controllers run without the bundle server",
+  },
+  {
+    from: "cluster/sources/",
+    not: ["cluster/server/", "cluster/controllers/"],
+    why: "the bundle server wires its sources; they do not know it",
+  },
 ];
 
 async function sources(dir: string): Promise<string[]> {
@@ -122,7 +132,7 @@ t.test("arrows against the rules are found", async (t) => {
     "bundles/x.ts imports lib/log/log.ts",
   ]);
   t.same(violationsIn("steps/x.ts", 'import { Host } from "../host/host.ts";'), [], "steps may use the host layer");
-  t.same(violationsIn("agent/main.ts", 'import("../cluster/command.ts")'), [], "the entry knows both sides");
+  t.same(violationsIn("agent/main.ts", 'import("../cluster/server/command.ts")'), [], "the entry knows both sides");
 });
 
 t.test("the host layer never imports the runtime above it", async (t) => {
@@ -162,6 +172,13 @@ t.test("sub-layers and scripts", async (t) => {
   t.same(violationsIn("cluster/render/x.ts", 'import { s } from "../server/store.ts";'), [
     "cluster/render/x.ts imports cluster/server/store.ts (rendering is pure)",
   ]);
+  t.same(violationsIn("cluster/controllers/x.ts", 'import { w } from "../server/checksums.ts";'), [
+    "cluster/controllers/x.ts imports cluster/server/checksums.ts (the controllers run without the bundle server)",
+  ]);
+  t.same(violationsIn("cluster/sources/x.ts", 'import { b } from "../server/bootstrap-secrets.ts";'), [
+    "cluster/sources/x.ts imports cluster/server/bootstrap-secrets.ts (the bundle server wires its sources; they do not know it)",
+  ]);
+  t.same(violationsIn("cluster/server/x.ts", 'import { l } from "../leadership.ts";'), [], "shared infrastructure");
   t.same(violationsIn("scripts/demo.ts", 'import { x } from "../test/lib/pki.ts";'), [
     "scripts/demo.ts imports test/lib/pki.ts",
   ]);

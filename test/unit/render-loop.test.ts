@@ -4,7 +4,7 @@ import t from "tap";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { pino } from "pino";
-import { RenderLoop } from "../../cluster/render-loop.ts";
+import { RenderLoop } from "../../cluster/server/render-loop.ts";
 import { BundleStore } from "../../cluster/server/store.ts";
 import { Metrics } from "../../cluster/server/metrics.ts";
 import { loadConfigDir } from "../../cluster/sources/directory.ts";

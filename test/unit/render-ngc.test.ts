@@ -13,7 +13,7 @@ import { renderAll, renderGroup } from "../../cluster/render/render.ts";
 import { RenderError } from "../../cluster/render/errors.ts";
 import type { NodeGroupConfigurationObject, NodeGroupObject, RenderInputs } from "../../cluster/render/inputs.ts";
 import type { ScriptSpec } from "../../bundles/types.ts";
-import { RenderLoop } from "../../cluster/render-loop.ts";
+import { RenderLoop } from "../../cluster/server/render-loop.ts";
 import { BundleStore } from "../../cluster/server/store.ts";
 import { Metrics } from "../../cluster/server/metrics.ts";
 import type { SourceSnapshot } from "../../cluster/sources/types.ts";

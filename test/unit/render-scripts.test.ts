@@ -9,7 +9,7 @@ import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import { loadConfigDir } from "../../cluster/sources/directory.ts";
 import { renderGroup } from "../../cluster/render/render.ts";
-import { manualBootstrapData } from "../../cluster/bootstrap-secrets.ts";
+import { manualBootstrapData } from "../../cluster/server/bootstrap-secrets.ts";
 import type { RenderInputs } from "../../cluster/render/inputs.ts";
 
 const run = promisify(execFile);

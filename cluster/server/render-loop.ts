@@ -4,13 +4,13 @@
 // failure is reported: a log line, a metric, and a Warning Event on the NodeGroup. A broken
 // NodeGroupConfiguration is reported on itself too (status and Event, through a hook), with the
 // groups it holds back; groups it does not select render as usual.
-import type { Logger } from "../lib/log/log.ts";
-import { RenderError } from "./render/errors.ts";
-import type { RenderInputs } from "./render/inputs.ts";
-import { renderAll, selects, type RenderedGroup } from "./render/render.ts";
-import type { Metrics } from "./server/metrics.ts";
-import type { BundleStore } from "./server/store.ts";
-import type { Source } from "./sources/types.ts";
+import type { Logger } from "../../lib/log/log.ts";
+import { RenderError } from "../render/errors.ts";
+import type { RenderInputs } from "../render/inputs.ts";
+import { renderAll, selects, type RenderedGroup } from "../render/render.ts";
+import type { Metrics } from "./metrics.ts";
+import type { BundleStore } from "./store.ts";
+import type { Source } from "../sources/types.ts";
 import type { ChecksumGate } from "./checksum-gate.ts";
 
 export interface RenderLoopHooks {

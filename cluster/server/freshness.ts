@@ -5,7 +5,7 @@
 // names. If not, the request waits briefly for this replica to catch up.
 import type { ChecksumGate } from "./checksum-gate.ts";
 import type { RenderLoop } from "./render-loop.ts";
-import { REVISION_SHIFT, type BundleStore } from "./server/store.ts";
+import { REVISION_SHIFT, type BundleStore } from "./store.ts";
 
 export type FreshnessCheck = (rv: number, group: string | undefined, mode: "get" | "watch") => Promise<boolean>;
 

@@ -1,12 +1,12 @@
 // Secret d8-cloud-instance-manager/configuration-checksums: data[<group>] = the group's bundle
 // checksum (sha256 hex). Controllers compare nodes' annotations with it. Written as
 // compare-and-swap with retries, because other writers (a second replica) may race.
-import type { KubeClient } from "../lib/kube/client.ts";
-import { createSecret, getSecret, updateSecret, type KubeObject } from "../lib/kube/api.ts";
-import { isConflict, isNotFound } from "../lib/kube/errors.ts";
+import type { KubeClient } from "../../lib/kube/client.ts";
+import { createSecret, getSecret, updateSecret, type KubeObject } from "../../lib/kube/api.ts";
+import { isConflict, isNotFound } from "../../lib/kube/errors.ts";
+import { NAMESPACE, SECRETS } from "../../bundles/names.ts";
 
-export const NAMESPACE = "d8-cloud-instance-manager";
-export const CHECKSUMS_SECRET = "configuration-checksums";
+const CHECKSUMS_SECRET = SECRETS.checksums;
 
 const b64 = (s: string) => Buffer.from(s, "utf8").toString("base64");
 

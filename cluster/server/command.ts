@@ -4,20 +4,20 @@ import { mkdir, readFile } from "node:fs/promises";
 import os from "node:os";
 import v8 from "node:v8";
 import path from "node:path";
-import { EXIT, UsageError, type Command } from "../lib/cli.ts";
-import { KubeClient } from "../lib/kube/client.ts";
-import { loadKubeconfig } from "../lib/kube/kubeconfig.ts";
-import { inClusterConnection } from "./in-cluster.ts";
+import { EXIT, UsageError, type Command } from "../../lib/cli.ts";
+import { KubeClient } from "../../lib/kube/client.ts";
+import { loadKubeconfig } from "../../lib/kube/kubeconfig.ts";
+import { inClusterConnection } from "../in-cluster.ts";
 import { startBundleServer } from "./app.ts";
-import { NAMESPACE } from "./checksums.ts";
-import { installCrds } from "./crds/install.ts";
-import { CONTROLLER_FLAGS, CONTROLLER_FLAGS_HELP, controllerSettings } from "./controllers/command.ts";
-import { asset } from "../lib/assets.ts";
-import * as fencingCtl from "./controllers/fencing.ts";
+import { LEASES, NAMESPACE, SECRETS } from "../../bundles/names.ts";
+import { installCrds } from "../crds/install.ts";
+import { CONTROLLER_FLAGS, CONTROLLER_FLAGS_HELP, controllerSettings } from "../controllers/command.ts";
+import { asset } from "../../lib/assets.ts";
+import * as fencingCtl from "../controllers/fencing.ts";
 
 /** Standalone without given certificates: a CA, a serving certificate and an admin client certificate. */
 async function selfSigned(certDir: string, hosts: string[]) {
-  const { createCA, issueCert } = await import("../lib/pki.ts");
+  const { createCA, issueCert } = await import("../../lib/pki.ts");
   await mkdir(certDir, { recursive: true, mode: 0o700 });
   const ca = await createCA(certDir, "ca", "bashible-server-ca");
   const dnsNames = hosts.filter((h) => !/^[\d.]+$|:/.test(h));
@@ -61,8 +61,8 @@ Inputs (one of):
       --config-dir DIR        YAML/JSON files with those objects, Node objects and a ClusterContext
                               (default when no cluster is given: the bundled examples/cluster)
       --kubeconfig FILE       list + watch them through the Kubernetes API; context from Secret
-                              ${NAMESPACE}/bashible-apiserver-context, key input.yaml
-                              (or the older bashible-server-context, key context.yaml)
+                              ${NAMESPACE}/${SECRETS.context}, key ${SECRETS.contextKey}
+                              (or the older ${SECRETS.legacyContext}, key ${SECRETS.legacyContextKey})
       --in-cluster            the same with the pod's service account
       --install-crds          install or update the deckhouse.io CRDs first (needs --kubeconfig);
                               refuses, changing nothing, if one exists that it did not install
@@ -72,8 +72,8 @@ Inputs (one of):
                               leader election; serves what it renders
 
 Replicas (with a cluster): every replica serves; the checksums and manual-bootstrap Secrets and
-render Events are written by the holder of Lease bashible-server, the update controllers run on
-the holder of Lease bashible-controllers (see docs/controllers.md).
+render Events are written by the holder of Lease ${LEASES.server}, the update controllers run on
+the holder of Lease ${LEASES.controllers} (see docs/controllers.md).
       --no-controllers        do not run the update controllers here (run \`bashible controllers\`)
 ${CONTROLLER_FLAGS_HELP}
 
@@ -217,7 +217,12 @@ See docs/cluster.md for the formats and the authorization model.`,
     });
     const fencing =
       kube && !v["no-controllers"] && !v["no-fencing-controller"]
-        ? fencingCtl.startFencingController({ client: kube, log, timings: fencingTimings })
+        ? fencingCtl.startFencingController({
+            client: kube,
+            log,
+            timings: fencingTimings,
+            lease: { durationSeconds: settings.leaseDurationSeconds },
+          })
         : undefined;
     await new Promise<void>((resolve) => {
       const stop = () => resolve();

@@ -6,11 +6,11 @@
 // resourceVersion (an etcd revision, the same on every replica) orders what was served:
 // served objects carry resourceVersion = revision × 2^16 + a counter, so a watch resumed on
 // another replica gets only what is newer than what it had.
-import { SECRETS } from "../bundles/names.ts";
-import type { KubeClient } from "../lib/kube/client.ts";
-import type { KubeObject } from "../lib/kube/api.ts";
-import { Informer } from "../lib/informer.ts";
-import type { Logger } from "../lib/log/log.ts";
+import { SECRETS } from "../../bundles/names.ts";
+import type { KubeClient } from "../../lib/kube/client.ts";
+import type { KubeObject } from "../../lib/kube/api.ts";
+import { Informer } from "../../lib/informer.ts";
+import type { Logger } from "../../lib/log/log.ts";
 
 const revisionOf = (s: KubeObject | undefined) => Number(s?.metadata.resourceVersion ?? 0) || 0;
 

@@ -8,27 +8,25 @@
 // hours remain, so a copied Secret always has at least 3 hours left; expired ones are deleted.
 import { randomBytes } from "node:crypto";
 import { stringify } from "yaml";
-import type { KubeClient } from "../lib/kube/client.ts";
-import { createSecret, getSecret, list, updateSecret, type KubeObject } from "../lib/kube/api.ts";
-import { isNotFound } from "../lib/kube/errors.ts";
-import type { Logger } from "../lib/log/log.ts";
-import { NAMESPACE } from "./checksums.ts";
-import type { RenderInputs } from "./render/inputs.ts";
-import type { RenderedGroup } from "./render/render.ts";
-import { renderTemplate } from "./render/templates.ts";
-import { BOOTSTRAP_GROUP, BOOTSTRAP_GROUP_PREFIX } from "./server/auth.ts";
+import type { KubeClient } from "../../lib/kube/client.ts";
+import { createSecret, getSecret, list, updateSecret, type KubeObject } from "../../lib/kube/api.ts";
+import { isNotFound } from "../../lib/kube/errors.ts";
+import type { Logger } from "../../lib/log/log.ts";
+import { BOOTSTRAP_TOKEN_GROUP_LABEL, NAMESPACE, SECRETS } from "../../bundles/names.ts";
+import type { RenderInputs } from "../render/inputs.ts";
+import type { RenderedGroup } from "../render/render.ts";
+import { renderTemplate } from "../render/templates.ts";
+import { BOOTSTRAP_GROUP, BOOTSTRAP_GROUP_PREFIX } from "./auth.ts";
 
 export const TOKEN_TTL_MS = 4 * 3600_000;
 export const TOKEN_RENEW_BELOW_MS = 3 * 3600_000;
-/** Deckhouse's label naming a bootstrap token's node group. */
-export const BOOTSTRAP_TOKEN_GROUP_LABEL = "node-manager.deckhouse.io/node-group";
 /** The label this project used before it took Deckhouse's; its expired tokens are deleted too. */
 const LEGACY_TOKEN_GROUP_LABEL = "bashible.deckhouse.io/bootstrap-token-for";
 const TOKEN_TYPE = "bootstrap.kubernetes.io/token";
 const MANAGED_LABEL = "bashible.deckhouse.io/manual-bootstrap";
 const MANUAL_TYPES = new Set(["Static", "CloudStatic"]);
 
-export const manualBootstrapSecretName = (group: string) => `manual-bootstrap-for-${group}`;
+export const manualBootstrapSecretName = (group: string) => `${SECRETS.manualBootstrapPrefix}${group}`;
 
 const alnum = (n: number) => {
   const abc = "abcdefghijklmnopqrstuvwxyz0123456789";

@@ -8,26 +8,27 @@
 // Replicas serve a group at the checksum the Secret names (checksum-gate.ts), so a node sees
 // the same bundle whichever replica answers, and never an older one after its watch moves.
 import { X509Certificate } from "node:crypto";
-import { KubeClient } from "../lib/kube/client.ts";
-import { createEvent } from "../lib/kube/api.ts";
-import { isNotFound } from "../lib/kube/errors.ts";
-import type { Logger } from "../lib/log/log.ts";
+import { KubeClient } from "../../lib/kube/client.ts";
+import { createEvent } from "../../lib/kube/api.ts";
+import { isNotFound } from "../../lib/kube/errors.ts";
+import type { Logger } from "../../lib/log/log.ts";
 import { reconcileBootstrapSecrets } from "./bootstrap-secrets.ts";
-import { NAMESPACE, writeChecksums } from "./checksums.ts";
+import { EVENTS, LEASES, NAMESPACE } from "../../bundles/names.ts";
+import { writeChecksums } from "./checksums.ts";
 import { RenderLoop } from "./render-loop.ts";
-import { Metrics } from "./server/metrics.ts";
-import { serve, type RunningServer } from "./server/server.ts";
-import { BundleStore } from "./server/store.ts";
-import { WatchHub } from "./server/watch.ts";
+import { Metrics } from "./metrics.ts";
+import { serve, type RunningServer } from "./server.ts";
+import { BundleStore } from "./store.ts";
+import { WatchHub } from "./watch.ts";
 import { ChecksumGate } from "./checksum-gate.ts";
 import { freshness } from "./freshness.ts";
-import { LEASES, whileLeading, type Leadership, type LeaseTiming } from "./leadership.ts";
-import { sleep } from "../lib/sleep.ts";
-import { Backoff } from "../lib/backoff.ts";
-import { runControllers, type RunControllersOptions } from "./controllers/run.ts";
-import { DirectorySource } from "./sources/directory.ts";
-import { KubeSource } from "./sources/kube.ts";
-import type { Source } from "./sources/types.ts";
+import { whileLeading, type Leadership, type LeaseTiming } from "../leadership.ts";
+import { sleep } from "../../lib/sleep.ts";
+import { Backoff } from "../../lib/backoff.ts";
+import { runControllers, type RunControllersOptions } from "../controllers/run.ts";
+import { DirectorySource } from "../sources/directory.ts";
+import { KubeSource } from "../sources/kube.ts";
+import type { Source } from "../sources/types.ts";
 
 export interface AppOptions {
   log: Logger;
@@ -108,7 +109,7 @@ async function reportConfiguration(
   await createEvent(kube, {
     namespace: "default",
     involved: { kind: "NodeGroupConfiguration", name, apiVersion: "deckhouse.io/v1alpha1", uid: ngc?.metadata.uid },
-    reason: error ? "BashibleRenderFailed" : "BashibleRenderSucceeded",
+    reason: error ? EVENTS.renderFailed : EVENTS.renderSucceeded,
     type: error ? "Warning" : "Normal",
     message: error
       ? `${error}; node groups ${groups.join(", ")} keep their last good bundle`.slice(0, 1000)
@@ -154,7 +155,7 @@ export async function startBundleServer(o: AppOptions): Promise<App> {
             await createEvent(kube, {
               namespace: "default",
               involved: { kind: "NodeGroup", name: group, apiVersion: "deckhouse.io/v1", uid: ng?.metadata.uid },
-              reason: "BashibleRenderFailed",
+              reason: EVENTS.renderFailed,
               type: "Warning",
               message: `${err.message}; nodes keep the last good bundle`.slice(0, 1000),
               component: "bashible-server",
