@@ -71,6 +71,10 @@ export async function sandbox(osRelease = 'ID=debian\nVERSION_ID="12"\n'): Promi
       let stderr = "";
       child.stdout.on("data", (d) => (stdout += d));
       child.stderr.on("data", (d) => (stderr += d));
+      // A step that never reads stdin may exit before the write lands: EPIPE is then expected.
+      child.stdin.on("error", (err: NodeJS.ErrnoException) => {
+        if (err.code !== "EPIPE") throw err;
+      });
       child.stdin.end(opts.input ?? "");
       const code = await new Promise<number>((resolve) => child.on("close", (c) => resolve(c ?? 1)));
       return { code, stdout, stderr };
