@@ -2,12 +2,13 @@
 // debootstrapped root (scripts/lib/debian-root.ts; read-only by convention, writes go to a
 // temporary upper directory), with
 // the helper library at /opt/bb/bashbooster.sh and a local apt repository holding a test package
-// (so apt-get works without the network). Needs root.
+// (so apt-get works without the network; built with scripts/lib/debian-mirror.ts). Needs root.
 import { execFile, spawn } from "node:child_process";
 import { copyFile, mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { promisify } from "node:util";
+import { buildDeb, writeRepoIndex } from "../../scripts/lib/debian-mirror.ts";
 import { LIBRARY } from "./bashbooster.ts";
 
 const run = promisify(execFile);
@@ -43,19 +44,13 @@ export async function chrootRoot(lower: string): Promise<ChrootRoot> {
   };
   try {
     // The test package, in a local repository the root's apt reads instead of the network.
-    const pkg = path.join(tmp, "pkg");
-    await mkdir(path.join(pkg, "DEBIAN"), { recursive: true });
-    await mkdir(path.join(pkg, "usr/share", TEST_PACKAGE), { recursive: true });
-    await writeFile(
-      path.join(pkg, "DEBIAN/control"),
-      `Package: ${TEST_PACKAGE}\nVersion: 1.2-1\nArchitecture: all\nMaintainer: test <test@example.com>\nDescription: test package\n`,
-    );
-    await writeFile(path.join(pkg, "usr/share", TEST_PACKAGE, "hello"), "hello\n");
     const repo = path.join(root, "srv/repo");
     await mkdir(repo, { recursive: true });
-    await run("dpkg-deb", ["--build", pkg, path.join(repo, `${TEST_PACKAGE}_1.2-1_all.deb`)]);
-    const { stdout: index } = await run("dpkg-scanpackages", ["."], { cwd: repo });
-    await writeFile(path.join(repo, "Packages"), index);
+    await buildDeb(
+      { name: TEST_PACKAGE, version: "1.2-1", files: { [`/usr/share/${TEST_PACKAGE}/hello`]: "hello\n" } },
+      repo,
+    );
+    await writeRepoIndex(repo);
     await writeFile(path.join(root, "etc/apt/sources.list"), "deb [trusted=yes] file:/srv/repo ./\n");
     await rm(path.join(root, "etc/apt/sources.list.d"), { recursive: true, force: true });
     await mkdir(path.join(root, "etc/apt/sources.list.d"));
