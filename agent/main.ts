@@ -2,6 +2,7 @@
 // bashible: the node agent's single entry point. Parses the command line, sets up logging,
 // loads the one command module asked for, and turns its outcome into an exit code.
 import { parseArgs } from "node:util";
+import { stat } from "node:fs/promises";
 import path from "node:path";
 import { EXIT, UsageError, type Command, type OptionSpec } from "../lib/cli.ts";
 import type { LogFormat, Logger } from "../lib/log/log.ts";
@@ -49,7 +50,8 @@ ${lines.join("\n")}
 
 ${GLOBAL_HELP}
 
-Exit codes: 0 ok, 1 error, 2 changes pending (plan-like commands).
+Exit codes: 0 ok, 1 error, 2 changes pending (plan), 3 problems reported: the rest of the
+bundle is applied or in sync, the parts the problems name are not (once, plan).
 Run 'bashible <command> --help' for a command's options.
 `;
 }
@@ -69,6 +71,22 @@ async function makeLogger(cmd: Command, format: LogFormat | undefined, level: st
   }
   const { createLogger } = await import("../lib/log/log.ts");
   return createLogger({ format, level, to: cmd.logTo ?? "stdout" });
+}
+
+/** Why `--root DIR` cannot be a node's root, or undefined when it can (or is not given). */
+async function checkRoot(dir: string | undefined): Promise<string | undefined> {
+  if (dir === undefined) return undefined;
+  if (dir === "")
+    return "--root needs a directory: the tree to act on instead of / (a node's root, with etc/os-release)";
+  const st = await stat(dir).catch((err: NodeJS.ErrnoException) => err);
+  if (st instanceof Error) {
+    if (st.code === "ENOENT")
+      return `--root ${dir} does not exist: point it at a node's root (a directory with etc/os-release)`;
+    return `--root ${dir} cannot be used: ${st.message}`;
+  }
+  if (!st.isDirectory())
+    return `--root ${dir} is not a directory: point it at a node's root (a directory with etc/os-release)`;
+  return undefined;
 }
 
 export async function main(argv: string[]): Promise<number> {
@@ -111,6 +129,17 @@ export async function main(argv: string[]): Promise<number> {
     process.stderr.write(`bashible ${name}: --log-format must be json or pretty, not '${format}'\n`);
     return EXIT.error;
   }
+  if (cmd.needsRoot && process.geteuid?.() !== 0) {
+    process.stderr.write(
+      `bashible ${name} needs root (${cmd.needsRoot}); this is uid ${process.geteuid?.()}: run it with sudo\n`,
+    );
+    return EXIT.error;
+  }
+  const rootProblem = await checkRoot(values.root as string | undefined);
+  if (rootProblem) {
+    process.stderr.write(`bashible ${name}: ${rootProblem}\n`);
+    return EXIT.error;
+  }
   const log = await makeLogger(cmd, format as LogFormat | undefined, values["log-level"] as string | undefined);
   const root = path.resolve((values.root as string | undefined) ?? "/");
   try {
@@ -119,9 +148,10 @@ export async function main(argv: string[]): Promise<number> {
     if (err instanceof UsageError) {
       process.stderr.write(`bashible ${name}: ${err.message}\n`);
     } else {
-      // The message says what and where; the stack is for debugging only.
+      // The message says what and where (the class name says nothing to a person); the stack
+      // is for debugging only.
       log.debug({ err }, "stack");
-      log.error({ error: (err as Error).name }, `${name} failed: ${(err as Error).message}`);
+      log.error(`${name} failed: ${(err as Error).message}`);
     }
     return EXIT.error;
   }

@@ -89,6 +89,25 @@ export class UntrustedDirectoryError extends Error {
   }
 }
 
+/**
+ * The kernel said no (EACCES, EPERM): a node path the agent cannot read or change as this
+ * user. The message names the real path and what was tried, and when the agent is not root,
+ * the fix; never retried (waiting does not grant permissions).
+ */
+export class AccessDeniedError extends Error {
+  override name = "AccessDeniedError";
+  readonly permanent = true;
+  readonly code: string;
+  readonly realPath: string;
+  constructor(op: string, realPath: string, code: string) {
+    const why = code === "EPERM" ? "operation not permitted" : "permission denied";
+    const fix = EUID === 0 ? "" : `; this is uid ${EUID}, not root: run it with sudo`;
+    super(`cannot ${op} ${realPath}: ${why} (${code})${fix}`);
+    this.code = code;
+    this.realPath = realPath;
+  }
+}
+
 export class TooLargeError extends Error {
   override name = "TooLargeError";
   readonly permanent = true;
@@ -188,6 +207,17 @@ export class ConfinedFs {
     this.root = path.resolve(root);
   }
 
+  /** Runs one operation on nodePath; EACCES/EPERM become an AccessDeniedError naming the real path. */
+  private async named<T>(op: string, nodePath: string, fn: () => Promise<T>): Promise<T> {
+    try {
+      return await fn();
+    } catch (err) {
+      const c = code(err);
+      if (err instanceof AccessDeniedError || (c !== "EACCES" && c !== "EPERM")) throw err;
+      throw new AccessDeniedError(op, path.join(this.root, nodePath), c);
+    }
+  }
+
   private async openRoot(): Promise<Dir> {
     const fh = await open(this.root, C.O_RDONLY | C.O_DIRECTORY);
     return new Dir(fh, "/", await fh.stat());
@@ -199,63 +229,65 @@ export class ConfinedFs {
    * is not set.
    */
   async openDir(nodePath: string, o: OpenDirOptions = {}): Promise<Dir | undefined> {
-    let queue = components(nodePath);
-    let cur = await this.openRoot();
-    let hops = 0;
-    try {
-      if (o.trustedOnly && !cur.trusted) throw new UntrustedDirectoryError("/", cur.stat);
-      while (queue.length > 0) {
-        const name = queue.shift() as string;
-        const here = path.posix.join(cur.nodePath, name);
-        const isLast = queue.length === 0;
-        let fh: FileHandle | undefined;
-        try {
-          fh = await open(cur.at(name), C.O_RDONLY | C.O_DIRECTORY | C.O_NOFOLLOW);
-        } catch (err) {
-          const c = code(err);
-          if (c === "ENOENT") {
-            if (!o.create) {
-              await cur.close();
-              return undefined;
-            }
-            const own = isLast && o.last ? o.last : { mode: 0o755 };
-            try {
-              await mkdirPath(cur.at(name), own.mode);
-            } catch (e) {
-              if (code(e) !== "EEXIST") throw e;
-            }
+    return this.named("open the directory", nodePath, async () => {
+      let queue = components(nodePath);
+      let cur = await this.openRoot();
+      let hops = 0;
+      try {
+        if (o.trustedOnly && !cur.trusted) throw new UntrustedDirectoryError("/", cur.stat);
+        while (queue.length > 0) {
+          const name = queue.shift() as string;
+          const here = path.posix.join(cur.nodePath, name);
+          const isLast = queue.length === 0;
+          let fh: FileHandle | undefined;
+          try {
             fh = await open(cur.at(name), C.O_RDONLY | C.O_DIRECTORY | C.O_NOFOLLOW);
-            await fh.chmod(own.mode);
-            if (own.uid !== undefined || own.gid !== undefined) await fh.chown(own.uid ?? 0, own.gid ?? 0);
-          } else if (c === "ELOOP" || c === "ENOTDIR") {
-            const st = await lstatPath(cur.at(name));
-            if (!st.isSymbolicLink()) throw new NotDirectoryError(here);
-            const target = await readlink(cur.at(name));
-            if (!SYSTEM_LINKS.has(here) || st.uid !== 0 || !cur.trusted) {
-              throw new LinkRefusedError(here, target);
+          } catch (err) {
+            const c = code(err);
+            if (c === "ENOENT") {
+              if (!o.create) {
+                await cur.close();
+                return undefined;
+              }
+              const own = isLast && o.last ? o.last : { mode: 0o755 };
+              try {
+                await mkdirPath(cur.at(name), own.mode);
+              } catch (e) {
+                if (code(e) !== "EEXIST") throw e;
+              }
+              fh = await open(cur.at(name), C.O_RDONLY | C.O_DIRECTORY | C.O_NOFOLLOW);
+              await fh.chmod(own.mode);
+              if (own.uid !== undefined || own.gid !== undefined) await fh.chown(own.uid ?? 0, own.gid ?? 0);
+            } else if (c === "ELOOP" || c === "ENOTDIR") {
+              const st = await lstatPath(cur.at(name));
+              if (!st.isSymbolicLink()) throw new NotDirectoryError(here);
+              const target = await readlink(cur.at(name));
+              if (!SYSTEM_LINKS.has(here) || st.uid !== 0 || !cur.trusted) {
+                throw new LinkRefusedError(here, target);
+              }
+              if (++hops > MAX_LINK_HOPS) throw new LinkRefusedError(here, target, "too many levels of links");
+              // Resolve inside the root, lexically, as a chroot would: absolute targets start at
+              // the root, relative ones at the link's directory; ".." never climbs above the root.
+              const resolved = path.posix.normalize(path.posix.join(target.startsWith("/") ? "/" : cur.nodePath, target));
+              queue = [...components(resolved === "" ? "/" : resolved), ...queue];
+              await cur.close();
+              cur = await this.openRoot();
+              continue;
+            } else {
+              throw err;
             }
-            if (++hops > MAX_LINK_HOPS) throw new LinkRefusedError(here, target, "too many levels of links");
-            // Resolve inside the root, lexically, as a chroot would: absolute targets start at
-            // the root, relative ones at the link's directory; ".." never climbs above the root.
-            const resolved = path.posix.normalize(path.posix.join(target.startsWith("/") ? "/" : cur.nodePath, target));
-            queue = [...components(resolved === "" ? "/" : resolved), ...queue];
-            await cur.close();
-            cur = await this.openRoot();
-            continue;
-          } else {
-            throw err;
           }
+          const st = await fh.stat();
+          await cur.close();
+          cur = new Dir(fh, here, st);
+          if (o.trustedOnly && !cur.trusted) throw new UntrustedDirectoryError(here, st);
         }
-        const st = await fh.stat();
-        await cur.close();
-        cur = new Dir(fh, here, st);
-        if (o.trustedOnly && !cur.trusted) throw new UntrustedDirectoryError(here, st);
+        return cur;
+      } catch (err) {
+        await cur.close().catch(() => undefined);
+        throw err;
       }
-      return cur;
-    } catch (err) {
-      await cur.close().catch(() => undefined);
-      throw err;
-    }
+    });
   }
 
   /** Runs fn with the parent directory of nodePath open; undefined when the parent is missing. */
@@ -278,26 +310,30 @@ export class ConfinedFs {
 
   /** lstat of the final component (links are reported, not followed). */
   async lstat(nodePath: string): Promise<FileStat | undefined> {
-    if (components(nodePath).length === 0) return toStat(await lstatPath(this.root));
-    return this.withParent(nodePath, {}, async (dir, name) => {
-      try {
-        return toStat(await lstatPath(dir.at(name)));
-      } catch (err) {
-        if (code(err) === "ENOENT") return undefined;
-        throw err;
-      }
+    return this.named("look at", nodePath, async () => {
+      if (components(nodePath).length === 0) return toStat(await lstatPath(this.root));
+      return this.withParent(nodePath, {}, async (dir, name) => {
+        try {
+          return toStat(await lstatPath(dir.at(name)));
+        } catch (err) {
+          if (code(err) === "ENOENT") return undefined;
+          throw err;
+        }
+      });
     });
   }
 
   /** Where a link at nodePath points (for messages), or undefined when it is not a link. */
   async readLink(nodePath: string): Promise<string | undefined> {
-    return this.withParent(nodePath, {}, async (dir, name) => {
-      try {
-        return await readlink(dir.at(name));
-      } catch (err) {
-        if (code(err) === "ENOENT" || code(err) === "EINVAL") return undefined;
-        throw err;
-      }
+    return this.named("read the link", nodePath, async () => {
+      return this.withParent(nodePath, {}, async (dir, name) => {
+        try {
+          return await readlink(dir.at(name));
+        } catch (err) {
+          if (code(err) === "ENOENT" || code(err) === "EINVAL") return undefined;
+          throw err;
+        }
+      });
     });
   }
 
@@ -307,79 +343,87 @@ export class ConfinedFs {
    * a directory someone else can write (it may be a link to a file the agent must not show).
    */
   async openFile(nodePath: string): Promise<{ fh: FileHandle; stat: Stats } | undefined> {
-    return this.withParent(nodePath, {}, async (dir, name) => {
-      let fh: FileHandle;
-      try {
-        fh = await open(dir.at(name), C.O_RDONLY | C.O_NOFOLLOW | C.O_NONBLOCK | C.O_NOCTTY);
-      } catch (err) {
-        const c = code(err);
-        if (c === "ENOENT") return undefined;
-        if (c === "ELOOP")
-          throw new LinkRefusedError(path.posix.join(dir.nodePath, name), await readlink(dir.at(name)));
-        throw err;
-      }
-      const stat = await fh.stat();
-      const here = path.posix.join(dir.nodePath, name);
-      if (!stat.isFile()) {
-        await fh.close();
-        throw new NotRegularFileError(here, kindOf(stat));
-      }
-      if (stat.nlink > 1 && !dir.trusted) {
-        await fh.close();
-        throw new NotRegularFileError(
-          here,
-          `a file with ${stat.nlink} hard links in a directory another user can write`,
-        );
-      }
-      return { fh, stat };
+    return this.named("read", nodePath, async () => {
+      return this.withParent(nodePath, {}, async (dir, name) => {
+        let fh: FileHandle;
+        try {
+          fh = await open(dir.at(name), C.O_RDONLY | C.O_NOFOLLOW | C.O_NONBLOCK | C.O_NOCTTY);
+        } catch (err) {
+          const c = code(err);
+          if (c === "ENOENT") return undefined;
+          if (c === "ELOOP")
+            throw new LinkRefusedError(path.posix.join(dir.nodePath, name), await readlink(dir.at(name)));
+          throw err;
+        }
+        const stat = await fh.stat();
+        const here = path.posix.join(dir.nodePath, name);
+        if (!stat.isFile()) {
+          await fh.close();
+          throw new NotRegularFileError(here, kindOf(stat));
+        }
+        if (stat.nlink > 1 && !dir.trusted) {
+          await fh.close();
+          throw new NotRegularFileError(
+            here,
+            `a file with ${stat.nlink} hard links in a directory another user can write`,
+          );
+        }
+        return { fh, stat };
+      });
     });
   }
 
   /** Whole file, at most maxBytes (TooLargeError beyond). undefined when absent. */
   async readFile(nodePath: string, maxBytes = 64 * 1024 * 1024): Promise<Buffer | undefined> {
-    const f = await this.openFile(nodePath);
-    if (!f) return undefined;
-    try {
-      if (f.stat.size > maxBytes)
-        throw new TooLargeError(`${nodePath} is ${f.stat.size} bytes; at most ${maxBytes} read`);
-      const chunks: Buffer[] = [];
-      let total = 0;
-      const buf = Buffer.alloc(Math.min(Math.max(f.stat.size, 4096), 1 << 20));
-      for (;;) {
-        const { bytesRead } = await f.fh.read(buf, 0, buf.length, null);
-        if (bytesRead === 0) break;
-        total += bytesRead;
-        if (total > maxBytes) throw new TooLargeError(`${nodePath} is over ${maxBytes} bytes`);
-        chunks.push(Buffer.from(buf.subarray(0, bytesRead)));
+    return this.named("read", nodePath, async () => {
+      const f = await this.openFile(nodePath);
+      if (!f) return undefined;
+      try {
+        if (f.stat.size > maxBytes)
+          throw new TooLargeError(`${nodePath} is ${f.stat.size} bytes; at most ${maxBytes} read`);
+        const chunks: Buffer[] = [];
+        let total = 0;
+        const buf = Buffer.alloc(Math.min(Math.max(f.stat.size, 4096), 1 << 20));
+        for (;;) {
+          const { bytesRead } = await f.fh.read(buf, 0, buf.length, null);
+          if (bytesRead === 0) break;
+          total += bytesRead;
+          if (total > maxBytes) throw new TooLargeError(`${nodePath} is over ${maxBytes} bytes`);
+          chunks.push(Buffer.from(buf.subarray(0, bytesRead)));
+        }
+        return Buffer.concat(chunks);
+      } finally {
+        await f.fh.close();
       }
-      return Buffer.concat(chunks);
-    } finally {
-      await f.fh.close();
-    }
+    });
   }
 
   async listDir(nodePath: string): Promise<string[]> {
-    const dir = await this.openDir(nodePath);
-    if (!dir) return [];
-    try {
-      return (await readdir(dir.at("."))).sort();
-    } finally {
-      await dir.close();
-    }
+    return this.named("list", nodePath, async () => {
+      const dir = await this.openDir(nodePath);
+      if (!dir) return [];
+      try {
+        return (await readdir(dir.at("."))).sort();
+      } finally {
+        await dir.close();
+      }
+    });
   }
 
   /** mkdir -p; the final directory gets exactly `own` (mode, owner), set through its descriptor. */
   async mkdir(nodePath: string, own: Ownership): Promise<void> {
-    const dir = await this.openDir(nodePath, { create: true, last: own });
-    if (!dir) throw new Error(`could not create ${nodePath}`);
-    try {
-      if ((dir.stat.mode & 0o7777) !== own.mode) await dir.fh.chmod(own.mode);
-      const uid = own.uid ?? 0;
-      const gid = own.gid ?? 0;
-      if (dir.stat.uid !== uid || dir.stat.gid !== gid) await dir.fh.chown(uid, gid);
-    } finally {
-      await dir.close();
-    }
+    return this.named("create the directory", nodePath, async () => {
+      const dir = await this.openDir(nodePath, { create: true, last: own });
+      if (!dir) throw new Error(`could not create ${nodePath}`);
+      try {
+        if ((dir.stat.mode & 0o7777) !== own.mode) await dir.fh.chmod(own.mode);
+        const uid = own.uid ?? 0;
+        const gid = own.gid ?? 0;
+        if (dir.stat.uid !== uid || dir.stat.gid !== gid) await dir.fh.chown(uid, gid);
+      } finally {
+        await dir.close();
+      }
+    });
   }
 
   /**
@@ -395,60 +439,68 @@ export class ConfinedFs {
     own: Ownership,
     o: { check?: (tempPath: string) => Promise<void>; createParents?: boolean } = {},
   ): Promise<void> {
-    const done = await this.withParent(nodePath, { create: o.createParents ?? true }, async (dir, name) => {
-      const existing = await lstatPath(dir.at(name)).catch((e) => {
-        if (code(e) === "ENOENT") return undefined;
-        throw e;
+    return this.named("write", nodePath, async () => {
+      const done = await this.withParent(nodePath, { create: o.createParents ?? true }, async (dir, name) => {
+        const existing = await lstatPath(dir.at(name)).catch((e) => {
+          if (code(e) === "ENOENT") return undefined;
+          throw e;
+        });
+        if (existing?.isSymbolicLink()) {
+          throw new LinkRefusedError(path.posix.join(dir.nodePath, name), await readlink(dir.at(name)));
+        }
+        if (existing?.isDirectory()) throw new NotRegularFileError(path.posix.join(dir.nodePath, name), "a directory");
+        const real = path.join(this.root, dir.nodePath);
+        await writeAtomic(dir.at(""), name, source, {
+          ...own,
+          // The program that checks the candidate gets its real path (under the walked directory).
+          ...(o.check
+            ? { check: (tmp: string) => (o.check as (p: string) => Promise<void>)(path.join(real, path.basename(tmp))) }
+            : {}),
+        });
+        return true;
       });
-      if (existing?.isSymbolicLink()) {
-        throw new LinkRefusedError(path.posix.join(dir.nodePath, name), await readlink(dir.at(name)));
-      }
-      if (existing?.isDirectory()) throw new NotRegularFileError(path.posix.join(dir.nodePath, name), "a directory");
-      const real = path.join(this.root, dir.nodePath);
-      await writeAtomic(dir.at(""), name, source, {
-        ...own,
-        // The program that checks the candidate gets its real path (under the walked directory).
-        ...(o.check
-          ? { check: (tmp: string) => (o.check as (p: string) => Promise<void>)(path.join(real, path.basename(tmp))) }
-          : {}),
-      });
-      return true;
+      if (!done) throw new Error(`${path.posix.dirname(nodePath)} does not exist`);
     });
-    if (!done) throw new Error(`${path.posix.dirname(nodePath)} does not exist`);
   }
 
   /** Appends (logs only: not atomic). The file is never reached through a link. */
   async append(nodePath: string, text: string): Promise<void> {
-    await this.withParent(nodePath, { create: true }, async (dir, name) => {
-      const fh = await open(dir.at(name), C.O_WRONLY | C.O_CREAT | C.O_APPEND | C.O_NOFOLLOW, 0o640);
-      try {
-        await fh.write(text);
-      } finally {
-        await fh.close();
-      }
+    return this.named("append to", nodePath, async () => {
+      await this.withParent(nodePath, { create: true }, async (dir, name) => {
+        const fh = await open(dir.at(name), C.O_WRONLY | C.O_CREAT | C.O_APPEND | C.O_NOFOLLOW, 0o640);
+        try {
+          await fh.write(text);
+        } finally {
+          await fh.close();
+        }
+      });
     });
   }
 
   /** Sets mode and owner of an existing directory (through its descriptor). */
   async chmodDir(nodePath: string, own: Ownership): Promise<void> {
-    const dir = await this.openDir(nodePath);
-    if (!dir) throw new Error(`${nodePath} does not exist`);
-    try {
-      await dir.fh.chmod(own.mode);
-      if (own.uid !== undefined || own.gid !== undefined) await dir.fh.chown(own.uid ?? 0, own.gid ?? 0);
-    } finally {
-      await dir.close();
-    }
+    return this.named("set mode and owner of", nodePath, async () => {
+      const dir = await this.openDir(nodePath);
+      if (!dir) throw new Error(`${nodePath} does not exist`);
+      try {
+        await dir.fh.chmod(own.mode);
+        if (own.uid !== undefined || own.gid !== undefined) await dir.fh.chown(own.uid ?? 0, own.gid ?? 0);
+      } finally {
+        await dir.close();
+      }
+    });
   }
 
   /** Creates or replaces a symlink (the link itself; its target is not touched). */
   async symlink(nodePath: string, target: string): Promise<void> {
-    const { symlink } = await import("node:fs/promises");
-    await this.withParent(nodePath, { create: true }, async (dir, name) => {
-      const tmp = `.${name}.bashible-${randomBytes(4).toString("hex")}`;
-      await symlink(target, dir.at(tmp));
-      await renamePath(dir.at(tmp), dir.at(name));
-      await dir.fh.sync();
+    return this.named("create the link", nodePath, async () => {
+      const { symlink } = await import("node:fs/promises");
+      await this.withParent(nodePath, { create: true }, async (dir, name) => {
+        const tmp = `.${name}.bashible-${randomBytes(4).toString("hex")}`;
+        await symlink(target, dir.at(tmp));
+        await renamePath(dir.at(tmp), dir.at(name));
+        await dir.fh.sync();
+      });
     });
   }
 
@@ -458,19 +510,21 @@ export class ConfinedFs {
    * swap a component while the tree is walked.
    */
   async remove(nodePath: string, o: { recursive?: boolean } = {}): Promise<void> {
-    await this.withParent(nodePath, {}, async (dir, name) => {
-      const st = await lstatPath(dir.at(name)).catch((e) => {
-        if (code(e) === "ENOENT") return undefined;
-        throw e;
+    return this.named("remove", nodePath, async () => {
+      await this.withParent(nodePath, {}, async (dir, name) => {
+        const st = await lstatPath(dir.at(name)).catch((e) => {
+          if (code(e) === "ENOENT") return undefined;
+          throw e;
+        });
+        if (!st) return;
+        if (!st.isDirectory()) return unlinkPath(dir.at(name));
+        if (!o.recursive) throw new Error(`${nodePath} is a directory; not removed without recursive`);
+        const inner = path.posix.join(dir.nodePath, name);
+        if (!dir.trusted || st.uid !== 0 || (st.mode & 0o022) !== 0) {
+          throw new Error(`${inner}: not removing a tree another user can write into`);
+        }
+        await rmPath(dir.at(name), { recursive: true, force: true });
       });
-      if (!st) return;
-      if (!st.isDirectory()) return unlinkPath(dir.at(name));
-      if (!o.recursive) throw new Error(`${nodePath} is a directory; not removed without recursive`);
-      const inner = path.posix.join(dir.nodePath, name);
-      if (!dir.trusted || st.uid !== 0 || (st.mode & 0o022) !== 0) {
-        throw new Error(`${inner}: not removing a tree another user can write into`);
-      }
-      await rmPath(dir.at(name), { recursive: true, force: true });
     });
   }
 
@@ -480,20 +534,22 @@ export class ConfinedFs {
    * root: the program resolves the string again later, so only places root alone controls.
    */
   async realPath(nodePath: string): Promise<string> {
-    const parts = components(nodePath);
-    const last = parts.pop();
-    if (last === undefined) return this.root;
-    const dir = await this.openDir(`/${parts.join("/")}`, { trustedOnly: true });
-    // A missing parent: nothing to be redirected through yet; the program creates it.
-    if (!dir) return path.join(this.root, ...parts, last);
-    try {
-      const st = await lstatPath(dir.at(last)).catch(() => undefined);
-      if (st?.isSymbolicLink()) throw new LinkRefusedError(nodePath, await readlink(dir.at(last)));
-      if (st?.isDirectory() && !isTrusted(st)) throw new UntrustedDirectoryError(nodePath, st);
-      // dir.nodePath is where the walk really ended (system links resolved inside the root).
-      return path.join(this.root, dir.nodePath, last);
-    } finally {
-      await dir.close();
-    }
+    return this.named("resolve", nodePath, async () => {
+      const parts = components(nodePath);
+      const last = parts.pop();
+      if (last === undefined) return this.root;
+      const dir = await this.openDir(`/${parts.join("/")}`, { trustedOnly: true });
+      // A missing parent: nothing to be redirected through yet; the program creates it.
+      if (!dir) return path.join(this.root, ...parts, last);
+      try {
+        const st = await lstatPath(dir.at(last)).catch(() => undefined);
+        if (st?.isSymbolicLink()) throw new LinkRefusedError(nodePath, await readlink(dir.at(last)));
+        if (st?.isDirectory() && !isTrusted(st)) throw new UntrustedDirectoryError(nodePath, st);
+        // dir.nodePath is where the walk really ended (system links resolved inside the root).
+        return path.join(this.root, dir.nodePath, last);
+      } finally {
+        await dir.close();
+      }
+    });
   }
 }

@@ -3,8 +3,12 @@
 import type { ParseArgsConfig } from "node:util";
 import type { Logger } from "./log/log.ts";
 
-/** Exit codes are a contract: scripts and systemd act on them. */
-export const EXIT = { ok: 0, error: 1, changesPending: 2 } as const;
+/**
+ * Exit codes are a contract: scripts and systemd act on them. `problems`: the node is as close
+ * to the bundle as it can get, but steps reported problems that hold part of it back (a NodeUser
+ * refused, a link refused for one user); waiting will not fix them, a person must.
+ */
+export const EXIT = { ok: 0, error: 1, changesPending: 2, problems: 3 } as const;
 export type ExitCode = (typeof EXIT)[keyof typeof EXIT];
 
 export type OptionSpec = NonNullable<ParseArgsConfig["options"]>;
@@ -35,6 +39,12 @@ export interface Command {
   resident?: boolean;
   /** Whether `--root` means something to this command. */
   takesRoot?: boolean;
+  /**
+   * Why the command cannot work as any other user (it changes the node's files and their
+   * owners, even under --root): main refuses to start it then, saying so, instead of failing
+   * halfway on the first file.
+   */
+  needsRoot?: string;
   run(ctx: CommandContext): Promise<ExitCode>;
 }
 

@@ -20,7 +20,8 @@ import { agentStandIn, binaryPackage, buildLayer, startRegistry } from "./lib/re
 const REPO = path.resolve(import.meta.dirname, "..");
 const MAIN = path.join(REPO, "agent/main.ts");
 const children: ChildProcess[] = [];
-const say = (s: string) => console.log(`\n\x1b[1m== ${s}\x1b[0m`);
+// Bold on a terminal only: piped into a file or a test, the headings stay plain text.
+const say = (s: string) => console.log(process.stdout.isTTY ? `\n\x1b[1m== ${s}\x1b[0m` : `\n== ${s}`);
 
 function cleanupAndExit(code: number): never {
   for (const c of children) c.kill("SIGTERM");
@@ -65,6 +66,14 @@ async function main(): Promise<void> {
   // Every program the demo and its steps run, installed up front (as root) or named: a step
   // must never be the first to find one missing.
   ensurePrerequisites();
+  if (process.geteuid?.() !== 0) {
+    // Before anything starts, not at the first file: the sandbox's accounts are copied from
+    // /etc/shadow and the agent sets root ownership on what it writes.
+    console.error(
+      `npm run demo needs root (it copies /etc/shadow into its sandbox and runs the agent, which sets owners); this is uid ${process.geteuid?.()}: run it with sudo`,
+    );
+    process.exit(1);
+  }
   const work = await mkdtemp(path.join(os.tmpdir(), "bashible-demo-"));
   console.log(`demo: working in ${work} (kept afterwards for a look around)`);
 
@@ -167,20 +176,10 @@ async function main(): Promise<void> {
 
   // The standalone server is not a Kubernetes API (no Node objects or Events): name the group
   // and keep the agent's log to errors.
-  const common = [
-    "--root",
-    root,
-    "--kubeconfig",
-    kubeconfig,
-    "--node-name",
-    "worker-1",
-    "--node-group",
-    "worker",
-    "--log-level",
-    "error",
-  ];
+  const common = ["--root", root, "--kubeconfig", kubeconfig, "--node-name", "worker-1", "--node-group", "worker"];
+  const quiet = [...common, "--log-level", "error"];
   say("plan: what a converge would change (exit 2: changes pending)");
-  const p1 = agent(["plan", ...common]);
+  const p1 = agent(["plan", ...quiet]);
   say(
     "once: converge (the standalone server is no Kubernetes API: Node reads, Events and annotations are refused, so those warnings are expected here)",
   );
@@ -188,7 +187,7 @@ async function main(): Promise<void> {
   say("status");
   agent(["status", "--root", root]);
   say("plan again: nothing left to do (exit 0)");
-  const p2 = agent(["plan", ...common]);
+  const p2 = agent(["plan", ...quiet]);
   say("what the converge left in the sandbox");
   const interesting = [
     "etc/profile.d",

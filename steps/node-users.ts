@@ -111,8 +111,40 @@ function checkUser(u: NodeUserSpec, groups: Set<string>, privileged: Set<string>
   return undefined;
 }
 
+/**
+ * The home itself, when it is not the user's: useradd commits passwd and shadow, then creates
+ * the home as root (mkdir mode 0, chown 0:0, chmod) and only then gives it to the user, so a
+ * run killed in between leaves an empty root-owned home the user cannot write (and a useradd
+ * run again on that name keeps it as it is). The repair gives it to the user; a home the user
+ * owns is theirs, mode included, unless it does not even let them in (a kill before the chmod).
+ * A home another user owns is a problem.
+ */
+async function planHome(
+  host: Host,
+  u: NodeUserSpec,
+  gid: number,
+  exists: boolean,
+): Promise<Primitive | string | undefined> {
+  const home = homeOf(u.name);
+  const st = await host.stat(home);
+  if (!st) {
+    // useradd --create-home makes it; an existing account without one gets a fresh, private one.
+    return exists ? planDir(host, home, { mode: 0o700, uid: u.uid, gid }) : undefined;
+  }
+  if (st.isSymlink || !st.isDirectory) return undefined; // planSshFiles reports it
+  if (st.uid === u.uid && (st.mode & 0o700) === 0o700) return undefined;
+  if (st.uid !== u.uid && st.uid !== 0) return `${home} belongs to uid ${st.uid}, not ${u.name}; left alone`;
+  const mode = (st.mode & 0o700) === 0o700 ? st.mode : 0o700;
+  const change = await planDir(host, home, { mode, uid: u.uid, gid });
+  if (!change) return undefined;
+  return {
+    ...change,
+    summary: `give ${home} to ${u.name} (${u.uid}:${gid}, 0${mode.toString(8)}; was 0${st.mode.toString(8)} ${st.uid}:${st.gid}, as an interrupted useradd leaves it)`,
+  };
+}
+
 /** ~/.ssh and authorized_keys, planned through the confined walk; a link there is a problem. */
-async function planSshFiles(host: Host, u: NodeUserSpec, gid: number): Promise<Primitive[] | string> {
+async function planSshFiles(host: Host, u: NodeUserSpec, gid: number, exists: boolean): Promise<Primitive[] | string> {
   const home = homeOf(u.name);
   const dir = `${home}/.ssh`;
   const file = `${dir}/authorized_keys`;
@@ -125,6 +157,9 @@ async function planSshFiles(host: Host, u: NodeUserSpec, gid: number): Promise<P
     if (st && p === file && !st.isFile) return `${p} is not a regular file; left alone`;
   }
   const changes: Primitive[] = [];
+  const h = await planHome(host, u, gid, exists);
+  if (typeof h === "string") return h;
+  if (h) changes.push(h);
   const d = await planDir(host, dir, { mode: 0o700, uid: u.uid, gid });
   if (d) changes.push(d);
   const f = await planFile(host, { path: file, content: authorizedKeys(u), mode: 0o600, uid: u.uid, gid });
@@ -225,7 +260,7 @@ async function plan(spec: { users: NodeUserSpec[] }, host: Host) {
         commands: [{ argv: useradd }, setPassword],
       };
       changes.push(user);
-      const ssh = await planSshFiles(host, u, PRIMARY_GID);
+      const ssh = await planSshFiles(host, u, PRIMARY_GID, false);
       if (typeof ssh === "string") report(ssh);
       else changes.push(...ssh.map((c) => ({ ...c, isolate })));
       continue;
@@ -244,7 +279,7 @@ async function plan(spec: { users: NodeUserSpec[] }, host: Host) {
       );
       continue;
     }
-    const ssh = await planSshFiles(host, u, byName.gid);
+    const ssh = await planSshFiles(host, u, byName.gid, true);
     if (typeof ssh === "string") {
       report(ssh);
       continue;

@@ -22,6 +22,8 @@ const RECORDS = PATHS.scripts;
 const STEP_FILES = `${STATE_DIR}/bundle_steps`;
 /** Where the agent installs Deckhouse-compatible helpers (bashbooster) for scripts to source. */
 export const HELPERS = `${STATE_DIR}/bashbooster.sh`;
+/** The helpers' workspace ($BB_WORKSPACE): run flags in flag/, each helper shell's tmp_* directory. */
+const WORKSPACE = PATHS.flags.slice(0, PATHS.flags.lastIndexOf("/"));
 
 interface RunRecord {
   sha256: string;
@@ -95,6 +97,17 @@ function proxyVariables(ctx: StepContext): Record<string, string> {
   };
 }
 
+/**
+ * A helper shell removes its tmp_* directory in its EXIT trap, which a SIGKILL (of the script,
+ * or of the agent's process group) never runs. Before a script starts, under the converge lock,
+ * no other helper shell of this agent is alive, so every tmp_* left is such a leftover.
+ */
+async function sweepWorkspace(host: Host, ctx: StepContext): Promise<void> {
+  const left = (await host.listDir(WORKSPACE)).filter((n) => n.startsWith("tmp_"));
+  for (const name of left) await host.remove(`${WORKSPACE}/${name}`, { recursive: true });
+  if (left.length) ctx.log.info({ removed: left }, "removed what killed helper shells left in the workspace");
+}
+
 let library: string | undefined;
 /** The helper library shipped with the agent (steps/bashbooster/bashbooster.sh). */
 async function helperLibrary(): Promise<string> {
@@ -124,6 +137,7 @@ const script: Step<"Script", ScriptChange> = {
   async applyOwn(_change, spec, host, ctx) {
     const name = ctx.stepName;
     const file = `${STEP_FILES}/${name}`;
+    await sweepWorkspace(host, ctx);
     await host.mkdir(STEP_FILES, { mode: 0o700 });
     await host.mkdir(PATHS.tmpDir, { mode: 0o1777 });
     await host.writeFile(file, spec.script, { mode: 0o700 });

@@ -1,6 +1,7 @@
 import { EXIT, type Command } from "../../lib/cli.ts";
 import { plan, type PlanReport } from "../converge/converge.ts";
 import { redact } from "../../lib/log/redact.ts";
+import { visible } from "../../lib/log/format.ts";
 import { CONVERGE_HELP, CONVERGE_OPTIONS, convergeOptions } from "./converge-options.ts";
 
 function indent(text: string, by = "      "): string {
@@ -12,7 +13,13 @@ function indent(text: string, by = "      "): string {
 }
 
 export function formatPlan(r: PlanReport): string {
-  const show = (t: string) => redact(t, r.secrets);
+  // Redacted, and control characters shown as \xNN: a diff quotes files users own (their
+  // authorized_keys), and an escape sequence there must not drive the reader's terminal.
+  const show = (t: string) =>
+    redact(t, r.secrets)
+      .split("\n")
+      .map((l) => visible(l))
+      .join("\n");
   const lines = [
     `node ${r.nodeName}, group ${r.nodeGroup}, bundle ${r.checksum.slice(0, 12)} from ${r.source}`,
     `gate: ${r.gate.run ? "a converge would run" : "in sync"} (${r.gate.reason})`,
@@ -57,9 +64,12 @@ const planCommand: Command = {
 summary and, for files, a unified diff; problems a step found (a NodeUser that clashes with an
 unmanaged account, say) are listed but are not changes. Changes nothing, not even state files.
 
+Problems are also printed on stderr as warnings.
+
 Exit: 0 in sync, 2 changes pending (a step would change something, or a converge is due:
-new checksum, reboot, forced), 1 error (a step cannot be planned, or the current bundle
-could not be fetched: the plan shown is then against the last good one).
+new checksum, reboot, forced), 3 nothing pending but problems hold part of the bundle back
+(a converge cannot fix them; a person must), 1 error (a step cannot be planned, or the current
+bundle could not be fetched: the plan shown is then against the last good one).
 
 Options:
       --json              print the plan as JSON
@@ -75,11 +85,16 @@ ${CONVERGE_HELP}`,
     } else {
       stdout(formatPlan(report));
     }
+    // On stderr too, as warnings: what `--json` or a pipe into less would bury.
+    const problems = report.steps.flatMap((s) => s.problems.map((p) => ({ step: s.name, ...p })));
+    for (const p of problems)
+      log.warn({ step: p.step, subject: p.subject }, `not applied: ${p.subject}: ${redact(p.message, report.secrets)}`);
     // Planned against the last good bundle because the current one could not be had: the
     // answer is not "in sync", it is unknown.
     if (report.fetchError || report.steps.some((s) => s.error)) return EXIT.error;
     const pending = report.steps.some((s) => s.changes.length) || report.gate.run;
-    return pending ? EXIT.changesPending : EXIT.ok;
+    if (pending) return EXIT.changesPending;
+    return problems.length ? EXIT.problems : EXIT.ok;
   },
 };
 export default planCommand;

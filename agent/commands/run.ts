@@ -89,6 +89,7 @@ ${CONVERGE_HELP}
 ${FENCING_HELP}`,
   options: { ...CONVERGE_OPTIONS, ...RESIDENT_OPTIONS, ...FENCING_OPTIONS, tick: { type: "string" } },
   takesRoot: true,
+  needsRoot: "it converges the node: writes its files and sets their owners, under --root too",
   resident: true,
   async run({ values, root, log }) {
     const opts = convergeOptions(values, root, log); // validates the shared flags

@@ -69,7 +69,10 @@ const status: Command = {
   usage: "[--root DIR] [--json]",
   help: `Reads /var/lib/bashible/status.json and configuration_checksum.
 
-Exit: 0 when the last run applied or was in sync, 1 when it failed or is waiting.
+Needs root: status.json is root's (0600), as it quotes what commands and refused bundles said.
+
+Exit: 0 when the last run applied or was in sync, 3 the same but steps reported problems
+(those parts of the bundle are not applied), 1 when it failed or is waiting.
 
 Options:
       --json              print the raw status as JSON`,
@@ -97,7 +100,8 @@ Options:
         : formatStatus(s, applied, daemon),
     );
     const ok = !s.lastRun || s.lastRun.outcome === "applied" || s.lastRun.outcome === "in-sync";
-    return ok ? EXIT.ok : EXIT.error;
+    if (!ok) return EXIT.error;
+    return s.steps.some((st) => st.problems?.length) ? EXIT.problems : EXIT.ok;
   },
 };
 export default status;

@@ -5,6 +5,9 @@
 //   fetch → gate → plan → 000_* steps (NodeUsers: emergency access never waits) → update
 //   approval → the other steps (disruption approval before a disruptive one) → record →
 //   reboot last, when a step or the Node asked for it and the disruption was approved.
+import { access } from "node:fs/promises";
+import { constants as fsConstants } from "node:fs";
+import path from "node:path";
 import type { Logger } from "../../lib/log/log.ts";
 import { gatherFacts } from "../facts.ts";
 import { Host, type OsProfile } from "../../host/host.ts";
@@ -68,6 +71,7 @@ interface Session {
 
 export async function osProfile(root: string): Promise<OsProfile> {
   const f = await gatherFacts(root);
+  if (!f.os.id) throw new ConvergeError(await whyNoOs(root));
   if (!f.os.family || !f.os.packageManager) throw new ConvergeError(f.os.error ?? "unsupported OS");
   return {
     id: f.os.id,
@@ -75,6 +79,26 @@ export async function osProfile(root: string): Promise<OsProfile> {
     family: f.os.family,
     packageManager: f.os.packageManager as OsProfile["packageManager"],
   };
+}
+
+/** Why the OS under root cannot be told: no os-release, or one that cannot be read or has no ID. */
+async function whyNoOs(root: string): Promise<string> {
+  const where = root === "/" ? "this machine" : `--root ${root}`;
+  for (const rel of ["etc/os-release", "usr/lib/os-release"]) {
+    const file = path.join(root, rel);
+    try {
+      await access(file, fsConstants.R_OK);
+      return `${file} has no ID= line: the OS of ${where} cannot be told`;
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code;
+      if (code === "ENOENT") continue;
+      const fix = process.geteuid?.() === 0 ? "" : ": run it with sudo";
+      return `cannot read ${file}: ${(err as Error).message}${fix}`;
+    }
+  }
+  return root === "/"
+    ? "this machine has no /etc/os-release (nor /usr/lib/os-release): its OS cannot be told"
+    : `--root ${root} has no etc/os-release (nor usr/lib/os-release): point it at a node's root`;
 }
 
 /** Sets up host, identity, cluster access and the bundle source. Writes nothing unless `mayWrite`. */

@@ -88,8 +88,13 @@ export async function readStatus(host: Host, o: StateOptions = {}): Promise<Stat
   }
 }
 
+/**
+ * 0600: status quotes what the node's programs and bundles said (a failed command's last line
+ * of output, a script's, a refused bundle's reason), which no redaction can prove free of
+ * secrets; only root reads it (`bashible status`, the daemon), as only root reads the bundles.
+ */
 export async function writeStatus(host: Host, s: Status): Promise<void> {
-  await host.writeFile(PATHS.status, `${JSON.stringify(s, null, 2)}\n`, { mode: 0o644 });
+  await host.writeFile(PATHS.status, `${JSON.stringify(s, null, 2)}\n`, { mode: 0o600 });
 }
 
 export async function updateStatus(host: Host, patch: (s: Status) => void, o: StateOptions = {}): Promise<Status> {

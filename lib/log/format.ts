@@ -24,6 +24,17 @@ export function redactFields(value: unknown, depth = 0): unknown {
   return out;
 }
 
+/**
+ * Control characters shown, not sent: a message may quote what a script printed or a file a
+ * user wrote, and an escape sequence there would drive root's terminal (or fake a line).
+ */
+export function visible(text: string): string {
+  // biome-ignore lint/suspicious/noControlCharactersInRegex: matching them is the point
+  return text.replace(/[\u0000-\u0008\u000a-\u001f\u007f-\u009f]/g, (c) =>
+    c === "\n" ? "\\n" : `\\x${c.charCodeAt(0).toString(16).padStart(2, "0")}`,
+  );
+}
+
 /** Formats a JSON log line as `HH:MM:SS LEVEL msg key=value…` for people at a terminal. */
 export function prettyLine(json: string): string {
   let rec: Record<string, unknown>;
@@ -36,7 +47,7 @@ export function prettyLine(json: string): string {
   const clock = typeof time === "number" ? new Date(time).toISOString().slice(11, 19) : "";
   const lvl = String(level).toUpperCase().padEnd(5);
   const fields = Object.entries(rest)
-    .map(([k, v]) => `${k}=${typeof v === "string" && !/\s/.test(v) ? v : JSON.stringify(v)}`)
+    .map(([k, v]) => `${k}=${typeof v === "string" && !/\s/.test(v) ? visible(v) : JSON.stringify(v)}`)
     .join(" ");
-  return `${clock} ${lvl} ${msg ?? ""}${fields ? `  ${fields}` : ""}\n`;
+  return `${clock} ${lvl} ${visible(String(msg ?? ""))}${fields ? `  ${fields}` : ""}\n`;
 }

@@ -342,6 +342,173 @@ bb-flag-cleanup() {
 }
 
 # ---- files ------------------------------------------------------------------------------------
+# bb-sync-file and bb-sync-dir keep the agent's own link rule (README "Security",
+# host/confined.ts): they run as root on machines with untrusted users, so they never write,
+# chmod, chown or delete through a link in the destination, and only work where nobody but root
+# can create or swap a name:
+#   - every directory on the way to the destination is a real directory owned by root (or by
+#     the agent's own user), which nobody else can write; a root-owned sticky directory (/tmp)
+#     counts on the way, since nobody else can rename or remove what root owns in it;
+#   - the directory a file lands in, and every directory bb-sync-dir fills or empties, nobody
+#     but root can write at all (sticky or not);
+#   - a link at any component is refused with its path and target, except the links real
+#     systems ship (the agent's SYSTEM_LINKS: /bin, /lib, /var/run, …) when root owns them in a
+#     directory only root can write; they resolve inside BASHIBLE_ROOT, as a chroot would;
+#   - a file is written as a new file beside the destination (mktemp: O_EXCL, root's own) and
+#     renamed over it, so a link or hard link planted at the destination is replaced, never
+#     followed; a symlink already there is refused.
+# Below BASHIBLE_ROOT only its inside is checked (the root is the operator's choice, as --root is
+# the agent's).
+
+_BB_SYSTEM_LINKS=" /bin /sbin /lib /lib32 /lib64 /libx32 /var/lock /var/run /etc/os-release /etc/mtab "
+
+# _bb_sync_refuse WHAT: logs a refusal, named after the helper the step called.
+_bb_sync_refuse() {
+    local f i who=bb-sync
+    for ((i = 1; i < ${#FUNCNAME[@]}; i++)); do
+        f=${FUNCNAME[i]}
+        if [[ "$f" == bb-sync-file || "$f" == bb-sync-dir ]]; then
+            who=$f
+            break
+        fi
+    done
+    bb-log-error "$who: $1"
+}
+
+# _bb_split PATH [lexical]: PATH's components in _BB_NAMES. ".." is refused (a destination names
+# a place, it does not climb), unless `lexical` (a system link's target): then it removes the
+# component before it, never climbing above the start.
+_bb_split() {
+    local rest=$1 name
+    _BB_NAMES=()
+    while [[ -n "$rest" ]]; do
+        rest=${rest#/}
+        [[ -n "$rest" ]] || break
+        name=${rest%%/*}
+        rest=${rest#"$name"}
+        case "$name" in
+            . | "") ;;
+            ..)
+                if [[ "${2:-}" != lexical ]]; then
+                    _bb_sync_refuse "'$1' contains '..'; refused: name the destination without climbing"
+                    return 1
+                fi
+                if ((${#_BB_NAMES[@]})); then unset '_BB_NAMES[-1]'; fi
+                ;;
+            *) _BB_NAMES+=("$name") ;;
+        esac
+    done
+}
+
+# _bb_dir_trusted UID MODE STRICT: whether only root (or the agent's own user) can create or
+# replace names in a directory with this owner and mode; without STRICT, a sticky directory
+# owned by root also counts (for what root owns in it).
+_bb_dir_trusted() {
+    if (($1 != 0 && $1 != EUID)); then return 1; fi
+    if ((($2 & 8#022) == 0)); then return 0; fi
+    [[ "$3" != strict ]] && (($2 & 8#1000))
+}
+
+# _bb_untrusted_msg PATH UID MODE: says who can write PATH and why that is refused.
+_bb_untrusted_msg() {
+    printf -v _BB_MSG '%s can be written by others (owner uid %s, mode %04o); refused: the sync helpers write only where nobody but root can create or replace names (use a directory only root can write)' \
+        "$1" "$2" $(($3 & 8#7777))
+}
+
+# _bb_walk DIR need|create: resolves the directory DIR by the rule above; its real path (system
+# links resolved) in _BB_WALK_DIR. Returns 1 after logging why it refused, 2 when DIR (or a
+# directory on the way) is missing and not to be created. One `stat` serves a whole path.
+_bb_walk() {
+    local want=$1 create=$2 root=${BASHIBLE_ROOT:-}
+    root=${root%/}
+    [[ "$want" == /* ]] || want="$PWD/$want"
+    if [[ "$want" == *$'\n'* ]]; then
+        _bb_sync_refuse "a destination with a newline in its name is refused"
+        return 1
+    fi
+    if [[ -n "$root" && "$want" != "$root" && "$want" != "$root/"* ]]; then root=""; fi
+    _bb_split "${want#"$root"}" || return 1
+    local -a names=("${_BB_NAMES[@]}") prefixes lines
+    local cur=$root cur_strict root_strict=no hops=0 out line uid mode k j n p next node target rest strict=""
+    out=$(stat -c '%u %f' -- "${root:-/}") || {
+        _bb_sync_refuse "${root:-/} cannot be read"
+        return 1
+    }
+    uid=${out%% *} mode=$((16#${out#* }))
+    ((${#names[@]})) || strict=strict
+    if ! _bb_dir_trusted "$uid" "$mode" "$strict"; then
+        _bb_untrusted_msg "${root:-/}" "$uid" "$mode"
+        _bb_sync_refuse "$_BB_MSG"
+        return 1
+    fi
+    _bb_dir_trusted "$uid" "$mode" strict && root_strict=yes
+    cur_strict=$root_strict
+    while ((${#names[@]})); do
+        prefixes=() p=$cur
+        for n in "${names[@]}"; do
+            p+="/$n"
+            prefixes+=("$p")
+        done
+        # Lines only for the paths that exist: the missing ones are a tail (nothing exists under
+        # a missing directory, and the walk stops at the first link).
+        out=$(stat -c '%u %f' -- "${prefixes[@]}" 2>/dev/null) || true
+        lines=()
+        [[ -z "$out" ]] || mapfile -t lines <<<"$out"
+        k=0
+        while ((k < ${#lines[@]})); do
+            line=${lines[k]} next=${prefixes[k]}
+            uid=${line%% *} mode=$((16#${line#* }))
+            if (((mode & 8#170000) == 8#120000)); then
+                target=$(readlink -- "$next") || target="?"
+                node=${next#"$root"}
+                if [[ "$_BB_SYSTEM_LINKS" != *" $node "* || "$uid" != 0 || "$cur_strict" != yes ]]; then
+                    _bb_sync_refuse "$next is a symbolic link (to $target); refused: the sync helpers never write through a link (remove it, or name the real path)"
+                    return 1
+                fi
+                if ((++hops > 16)); then
+                    _bb_sync_refuse "$next: too many levels of links"
+                    return 1
+                fi
+                # Inside the root, lexically, as the agent resolves it: absolute targets start
+                # at the root, relative ones at the link's directory; then the rest of the path.
+                rest=""
+                for ((j = k + 1; j < ${#names[@]}; j++)); do rest+="/${names[j]}"; done
+                if [[ "$target" == /* ]]; then
+                    _bb_split "$target$rest" lexical
+                else
+                    _bb_split "${cur#"$root"}/$target$rest" lexical
+                fi
+                names=("${_BB_NAMES[@]}")
+                cur=$root cur_strict=$root_strict
+                continue 2
+            fi
+            if (((mode & 8#170000) != 8#040000)); then
+                _bb_sync_refuse "$next exists and is not a directory"
+                return 1
+            fi
+            strict=""
+            ((k + 1 < ${#names[@]})) || strict=strict
+            if ! _bb_dir_trusted "$uid" "$mode" "$strict"; then
+                _bb_untrusted_msg "$next" "$uid" "$mode"
+                _bb_sync_refuse "$_BB_MSG"
+                return 1
+            fi
+            cur=$next cur_strict=no
+            _bb_dir_trusted "$uid" "$mode" strict && cur_strict=yes
+            k=$((k + 1))
+        done
+        names=("${names[@]:k}")
+        if ((${#names[@]})); then
+            if [[ "$create" != create ]]; then
+                _BB_WALK_MISSING="$cur/${names[0]}"
+                return 2
+            fi
+            # mkdir never follows a link at its last component; the next round checks what it made.
+            mkdir -- "$cur/${names[0]}" || return 1
+        fi
+    done
+    _BB_WALK_DIR=${cur:-/}
+}
 
 _bb_unhandled_has() {
     [[ -f "$1" ]] && grep -Fxq -- "$2" "$1"
@@ -355,13 +522,14 @@ _bb_unhandled_add() {
 # bb-sync-file DEST SRC|- [EVENT [ARGS...]]: makes DEST a copy of SRC (stdin for -), with SRC's
 # mode, owner and times. When DEST changed (or changed in an earlier run of this converge whose
 # step failed before it ended), fires bb-sync-file-changed DEST at once and delays EVENT ARGS
-# to the end of the step.
+# to the end of the step. DEST is replaced by a new file (rename), never written through; see
+# the rule above for where DEST may be.
 bb-sync-file() {
     if (($# < 2)); then
         bb-log-error "usage: bb-sync-file DEST SRC|- [EVENT [ARGS...]]"
         return 1
     fi
-    local dst=$1 src=$2
+    local dst=$1 src=$2 rc=0
     shift 2
     if [[ "$src" == "-" ]]; then
         src="$(bb-tmp-file)"
@@ -370,27 +538,60 @@ bb-sync-file() {
         bb-log-error "bb-sync-file: source '$src' is not a file"
         return 1
     fi
-    local changed=false
-    _bb_unhandled_has "$BB_SYNC_UNHANDLED_FILES_STORE" "$dst" && changed=true
-    if [[ ! -f "$dst" ]]; then
-        touch "$dst"
-        changed=true
-        _bb_unhandled_add "$BB_SYNC_UNHANDLED_FILES_STORE" "$dst"
+    [[ "$dst" == /* ]] || dst="$PWD/$dst"
+    local name=${dst##*/} dir=${dst%/*}
+    if [[ -z "$name" || "$name" == . || "$name" == .. ]]; then
+        bb-log-error "bb-sync-file: '$dst' does not name a file"
+        return 1
     fi
-    if ! cmp -s -- "$src" "$dst"; then
-        cp -f -p -- "$src" "$dst"
+    _bb_walk "${dir:-/}" need || rc=$?
+    if ((rc == 2)); then
+        bb-log-error "bb-sync-file: directory $_BB_WALK_MISSING does not exist (create it first, or use bb-sync-dir)"
+        return 1
+    fi
+    ((rc == 0)) || return 1
+    _bb_sync_file_at "$_BB_WALK_DIR" "$name" "$src" "$dst" "$@"
+}
+
+# _bb_sync_file_at DIR NAME SRC SHOWN [EVENT [ARGS...]]: bb-sync-file into DIR (already walked)
+# as NAME; SHOWN is the destination as the step named it (events, the unhandled store).
+_bb_sync_file_at() {
+    local dir=$1 name=$2 src=$3 shown=$4
+    shift 4
+    local target="${dir%/}/$name" tmp changed=false
+    if [[ -L "$target" ]]; then
+        _bb_sync_refuse "$target is a symbolic link (to $(readlink -- "$target" || echo '?')); refused: the sync helpers never write through a link (remove it, or name the real path)"
+        return 1
+    fi
+    if [[ -e "$target" && ! -f "$target" ]]; then
+        _bb_sync_refuse "$target exists and is not a regular file; refused"
+        return 1
+    fi
+    _bb_unhandled_has "$BB_SYNC_UNHANDLED_FILES_STORE" "$shown" && changed=true
+    if [[ ! -e "$target" ]] || ! cmp -s -- "$src" "$target"; then
+        tmp=$(mktemp -- "${dir%/}/.bb-sync.XXXXXXXXXX") || {
+            _bb_sync_refuse "cannot create a temporary file in $dir"
+            return 1
+        }
+        # mv -T: a directory swapped in at the name is an error, never a place to move into.
+        if ! cp -p -- "$src" "$tmp" || ! mv -f -T -- "$tmp" "$target"; then
+            rm -f -- "$tmp"
+            _bb_sync_refuse "cannot replace $target"
+            return 1
+        fi
         changed=true
-        _bb_unhandled_add "$BB_SYNC_UNHANDLED_FILES_STORE" "$dst"
+        _bb_unhandled_add "$BB_SYNC_UNHANDLED_FILES_STORE" "$shown"
     fi
     if $changed; then
-        bb-event-fire bb-sync-file-changed "$dst"
+        bb-event-fire bb-sync-file-changed "$shown"
         bb-event-delay "$@"
     fi
 }
 
 # bb-sync-dir [-o|--one-way|-t|--two-way] DEST SRC [EVENT [ARGS...]]: syncs every file of SRC
 # into DEST (bb-sync-file each). Two-way (the default) also removes from DEST what SRC lacks.
-# The option may be any of the first three arguments.
+# The option may be any of the first three arguments. DEST and every directory under it that
+# the sync fills or empties must be root's alone (the rule above).
 bb-sync-dir() {
     local two_way=true args=() n=3
     while (($# && n--)); do
@@ -410,18 +611,28 @@ bb-sync-dir() {
         bb-log-error "bb-sync-dir: source '${args[1]}' is not a directory"
         return 1
     fi
-    _bb_sync_dir "$two_way" "${args[@]}"
+    local dst=${args[0]} rc=0 created=false
+    [[ "$dst" == /* ]] || dst="$PWD/$dst"
+    _bb_walk "$dst" need || rc=$?
+    if ((rc == 2)); then
+        rc=0
+        _bb_walk "$dst" create || rc=$?
+        created=true
+    fi
+    ((rc == 0)) || return 1
+    local src
+    src="$(realpath -e -- "${args[1]}")"
+    _bb_sync_dir_at "$two_way" "$created" "$_BB_WALK_DIR" "${dst%/}" "$src" "${args[@]:2}"
 }
 
-_bb_sync_dir() {
-    local two_way=$1 dst src name
-    dst="$(realpath -m -- "$2")"
-    src="$(realpath -e -- "$3")"
-    shift 3
-    if [[ ! -d "$dst" ]]; then
-        mkdir -p "$dst"
+# _bb_sync_dir_at TWO_WAY CREATED DIR SHOWN SRC [EVENT [ARGS...]]: syncs SRC into DIR (walked,
+# root's alone), shown to events as SHOWN.
+_bb_sync_dir_at() {
+    local two_way=$1 created=$2 dir=$3 shown=$4 src=$5 name entry out uid mode
+    shift 5
+    if $created; then
         bb-event-delay "$@"
-        bb-event-fire bb-sync-dir-created "$dst"
+        bb-event-fire bb-sync-dir-created "$shown"
     fi
     # Listed through a file, not <(…): that needs /proc (for /dev/fd), which a chroot may lack.
     local names=() list
@@ -430,21 +641,55 @@ _bb_sync_dir() {
     mapfile -d '' -t names <"$list"
     for name in "${names[@]}"; do
         if [[ -d "$src/$name" && ! -L "$src/$name" ]]; then
-            _bb_sync_dir "$two_way" "$dst/$name" "$src/$name" "$@"
+            entry="$dir/$name"
+            if [[ -L "$entry" ]]; then
+                _bb_sync_refuse "$entry is a symbolic link (to $(readlink -- "$entry" || echo '?')); refused: the sync helpers never write through a link (remove it, or name the real path)"
+                return 1
+            fi
+            local sub_created=false
+            if [[ ! -e "$entry" ]]; then
+                mkdir -- "$entry" || return 1
+                sub_created=true
+            fi
+            out=$(stat -c '%u %f' -- "$entry") || return 1
+            uid=${out%% *} mode=$((16#${out#* }))
+            if (((mode & 8#170000) != 8#040000)); then
+                _bb_sync_refuse "$entry exists and is not a directory"
+                return 1
+            fi
+            if ! _bb_dir_trusted "$uid" "$mode" strict; then
+                _bb_untrusted_msg "$entry" "$uid" "$mode"
+                _bb_sync_refuse "$_BB_MSG"
+                return 1
+            fi
+            _bb_sync_dir_at "$two_way" "$sub_created" "$entry" "$shown/$name" "$src/$name" "$@" || return 1
         elif [[ -f "$src/$name" ]]; then
-            bb-sync-file "$dst/$name" "$src/$name" "$@"
+            _bb_sync_file_at "$dir" "$name" "$src/$name" "$shown/$name" "$@" || return 1
         fi
     done
     if $two_way; then
-        find "$dst" -mindepth 1 -maxdepth 1 -printf '%f\0' | sort -z >"$list"
+        find "$dir" -mindepth 1 -maxdepth 1 -printf '%f\0' | sort -z >"$list"
         mapfile -d '' -t names <"$list"
         for name in "${names[@]}"; do
             [[ -e "$src/$name" || -L "$src/$name" ]] && continue
+            entry="$dir/$name"
             local event=bb-sync-file-removed
-            [[ -d "$dst/$name" && ! -L "$dst/$name" ]] && event=bb-sync-dir-removed
-            rm -rf -- "${dst:?}/$name"
+            if [[ -d "$entry" && ! -L "$entry" ]]; then
+                event=bb-sync-dir-removed
+                # rm -r walks without following links; a tree another user can write into is
+                # theirs to empty, not root's (the agent's rule for recursive removal).
+                out=$(stat -c '%u %f' -- "$entry") || return 1
+                uid=${out%% *} mode=$((16#${out#* }))
+                if ! _bb_dir_trusted "$uid" "$mode" strict; then
+                    _bb_untrusted_msg "$entry" "$uid" "$mode"
+                    _bb_sync_refuse "$_BB_MSG"
+                    return 1
+                fi
+            fi
+            # A link is removed itself (rm never follows the last component).
+            rm -rf -- "$entry"
             bb-event-delay "$@"
-            bb-event-fire "$event" "$dst/$name"
+            bb-event-fire "$event" "$shown/$name"
         done
     fi
 }

@@ -3,7 +3,7 @@
 // modes), same applied checksum, same script records.
 import t from "tap";
 import { spawn } from "node:child_process";
-import { mkdtemp, readdir, readFile, lstat, readlink, writeFile } from "node:fs/promises";
+import { mkdtemp, readdir, readFile, lstat, readlink, rm, writeFile } from "node:fs/promises";
 import { createHash } from "node:crypto";
 import os from "node:os";
 import path from "node:path";
@@ -147,4 +147,29 @@ t.test(`SIGKILL at ${KILLS} random points, then one more run: same end state as 
   const plan = await bashible(["plan", "--root", root, "--bundle", file]);
   t.equal(plan.status, 0, "and nothing is left to do");
   console.error(`# crash safety: ${runs} runs, ${interrupted} killed mid-converge`);
+});
+
+t.test("a helper shell killed mid-script leaves its tmp_* directory; the next run removes it", async (t) => {
+  const root = await sandbox();
+  const file = path.join(path.dirname(root), `crash-tmp-${path.basename(root)}.json`);
+  t.teardown(() => Promise.all([rm(root, { recursive: true, force: true }), rm(file, { force: true })]));
+  const workspace = path.join(root, "var/lib/bashible/.bb-workspace");
+  // The first time, the script's shell is SIGKILLed after the helpers made their temporary files
+  // (its EXIT trap never runs), as when the agent's process group is killed mid-script.
+  const body = `f="$(bb-tmp-file)"; echo partial >"$f"
+if [ ! -e "$BASHIBLE_ROOT/killed-once" ]; then touch "$BASHIBLE_ROOT/killed-once"; kill -KILL $$; fi
+echo done >"$BASHIBLE_ROOT/etc/finished"`;
+  await writeFile(file, JSON.stringify(makeBundle([script("050_killed", body)])));
+  const killed = await bashible(["once", "--root", root, "--bundle", file, "--max-retries", "1"]);
+  t.equal(killed.status, 1, "the killed script fails the run");
+  const left = (await readdir(workspace)).filter((n) => n.startsWith("tmp_"));
+  t.equal(left.length, 1, `the killed shell's temporary directory is left: ${left.join(", ")}`);
+  const next = await bashible(["once", "--root", root, "--bundle", file, "--max-retries", "1"]);
+  t.equal(next.status, 0, next.stdout + next.stderr);
+  t.equal(await readFile(path.join(root, "etc/finished"), "utf8"), "done\n");
+  t.same(
+    (await readdir(workspace).catch(() => [])).filter((n) => n.startsWith("tmp_")),
+    [],
+    "nothing of the killed shell is left",
+  );
 });

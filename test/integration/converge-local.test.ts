@@ -344,3 +344,96 @@ t.test("scripts use Deckhouse's helpers: bb-sync-file, events, and bb-flag-set r
     "flag cleared",
   );
 });
+
+/** A node tree with accounts the shadow tools can change, and the sudo group that grants root. */
+async function accountsTree(): Promise<string> {
+  const root = await sandbox();
+  await writeFile(path.join(root, "etc/passwd"), "root:x:0:0:root:/root:/bin/bash\n");
+  await writeFile(path.join(root, "etc/group"), "root:x:0:\nsudo:x:27:\nusers:x:100:\n");
+  await writeFile(path.join(root, "etc/shadow"), "root:*:19000:0:99999:7:::\n", { mode: 0o640 });
+  await writeFile(path.join(root, "etc/gshadow"), "root:*::\nsudo:*::\nusers:*::\n", { mode: 0o640 });
+  await writeFile(path.join(root, "etc/sudoers"), "root ALL=(ALL:ALL) ALL\n", { mode: 0o440 });
+  return root;
+}
+
+t.test("a problem a step reports is a warning of once and plan, and exit 3: the rest is applied", async (t) => {
+  const root = await accountsTree();
+  t.teardown(() => rm(root, { recursive: true, force: true }));
+  const users = {
+    name: "000_add_node_users",
+    kind: "NodeUsers" as const,
+    spec: {
+      users: [
+        { name: "ivan", uid: 1301, sshPublicKeys: [], isSudoer: false, extraGroups: ["sudo"] },
+        { name: "dora", uid: 1302, sshPublicKeys: [], isSudoer: false, extraGroups: [] },
+      ],
+    },
+  };
+  const file = await writeBundle(root, makeBundle([users, hello("hi")]), `../b-${path.basename(root)}.json`);
+  const refused = /not applied: NodeUser ivan: extraGroups sudo grant root on this node; only isSudoer may do that/;
+
+  const once = await bashible(["once", "--root", root, "--bundle", file, "--log-format", "json"]);
+  t.equal(once.status, 3, "exit 3: applied except for a problem");
+  const warnings = once.stdout
+    .trim()
+    .split("\n")
+    .map((l) => JSON.parse(l))
+    .filter((l) => l.level === "warn");
+  t.match(warnings, [
+    { step: "000_add_node_users", subject: "NodeUser ivan", msg: refused },
+    { msg: /1 problem held part of the bundle back \(exit 3\); the rest is applied/ },
+  ]);
+  t.equal(await readFile(path.join(root, "etc/hello/greeting"), "utf8"), "hi node-1\n", "the rest is applied");
+  t.match(await readFile(path.join(root, "etc/passwd"), "utf8"), /^dora:/m);
+  t.notMatch(await readFile(path.join(root, "etc/passwd"), "utf8"), /^ivan:/m, "the refused user is not created");
+
+  const plan = await bashible(["plan", "--root", root, "--bundle", file]);
+  t.equal(plan.status, 3, "plan: nothing pending, a problem reported");
+  t.match(plan.stdout, /! NodeUser ivan: extraGroups sudo grant root/);
+  t.match(plan.stderr, refused, "and a warning on stderr, where --json or a pager would not bury it");
+
+  const again = await bashible(["once", "--root", root, "--bundle", file]);
+  t.equal(again.status, 3, "in sync, and the problem still stands");
+  t.match(again.stdout, /NodeUser ivan: extraGroups sudo grant root.*reported by the run that applied this bundle/);
+  t.equal(await runs(root), 1, "nothing ran again");
+  t.equal((await bashible(["status", "--root", root])).status, 3, "status says the same");
+});
+
+t.test("status.json is root's alone, and a refused bundle's values are not quoted into it", async (t) => {
+  const root = await sandbox();
+  t.teardown(() => rm(root, { recursive: true, force: true }));
+  const file = path.join(path.dirname(root), `b-${path.basename(root)}.json`);
+  t.teardown(() => rm(file, { force: true }));
+  await writeFile(file, JSON.stringify(makeBundle([hello("good")])));
+  t.equal((await bashible(["once", "--root", root, "--bundle", file])).status, 0);
+  // A key line with a second one injected after a newline, and a password hash likewise.
+  const injected = makeBundle([
+    {
+      name: "000_add_node_users",
+      kind: "NodeUsers",
+      spec: {
+        users: [
+          {
+            name: "ivan",
+            uid: 1301,
+            sshPublicKeys: ["ssh-ed25519 AAAAC3Nza ivan@x\nssh-ed25519 AAAAINJECTED attacker@evil"],
+            passwordHash: "$6$SECRETSALT$SECRETHASH\nroot::0:0",
+            isSudoer: false,
+            extraGroups: [],
+          },
+        ],
+      },
+    },
+  ]);
+  await writeFile(file, JSON.stringify(injected));
+  const r = await bashible(["once", "--root", root, "--bundle", file, "--log-format", "json"]);
+  t.equal(r.status, 1, "refused");
+  t.match(r.stdout, /spec\.users\[0\]\.sshPublicKeys\[0\]: a string \(its value not shown\) is not a single-line SSH/);
+  const statusFile = path.join(root, "var/lib/bashible/status.json");
+  const text = await readFile(statusFile, "utf8");
+  t.match(text, /sshPublicKeys\[0\]/, "status names the field");
+  t.notMatch(text, /ivan@x|INJECTED|SECRET/, "but quotes no value of the refused bundle");
+  t.notMatch(r.stdout + r.stderr, /ivan@x|INJECTED|SECRET/, "nor does the log");
+  const { stat } = await import("node:fs/promises");
+  t.equal((await stat(statusFile)).mode & 0o777, 0o600, "0600: it quotes what commands and bundles said");
+});

@@ -18,3 +18,17 @@ t.test(
     t.notMatch(r.stdout + r.stderr, /demo-token-/, "the proxy token never shows");
   },
 );
+
+t.test(
+  "npm run demo as another user says at once that it needs root",
+  { skip: process.getuid?.() !== 0 ? "needs root (to become another user)" : false },
+  async (t) => {
+    const demo = path.resolve(import.meta.dirname, "../../scripts/demo.ts");
+    // env -u: the test runner's spawn hook adds NODE_OPTIONS that write under the checkout.
+    const argv = ["--reuid=65534", "--regid=65534", "--clear-groups", "env", "-u", "NODE_OPTIONS"];
+    const r = spawnSync("setpriv", [...argv, process.execPath, demo], { encoding: "utf8", timeout: 60_000, cwd: "/" });
+    t.equal(r.status, 1, r.stderr);
+    t.match(r.stderr, /npm run demo needs root .*; this is uid 65534: run it with sudo/);
+    t.notMatch(r.stdout + r.stderr, /EACCES|shadow'/, "not a raw error from halfway through");
+  },
+);

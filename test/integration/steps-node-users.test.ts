@@ -175,6 +175,64 @@ t.test("updates keys, groups and password of a managed user; the hash never show
   t.same((await env.plan(bundleStep([next]))).changes, []);
 });
 
+// useradd commits passwd and shadow, then makes the home as root (mkdir 0, chown 0:0, chmod
+// 0755) and only then chowns it to the user: `strace -e inject=chown:signal=KILL:when=2 useradd
+// …` leaves exactly an existing account with an empty root:root 0755 home. The same useradd the
+// agent runs, with the home put back as that kill leaves it, stands in for the kill here.
+t.test("a home an interrupted useradd left to root is given to the user; then nothing is planned", async (t) => {
+  const env = await stepEnv(t);
+  await seedAccounts(env);
+  await mkdir(path.join(env.root, "home/deckhouse"), { mode: 0o755 });
+  const { execFile } = await import("node:child_process");
+  const { promisify } = await import("node:util");
+  const home = path.join(env.root, "home/deckhouse/dave");
+  await promisify(execFile)("useradd", [
+    "--prefix",
+    env.root,
+    "--uid",
+    "1101",
+    "--gid",
+    "100",
+    "--home-dir",
+    "/home/deckhouse/dave",
+    "--create-home",
+    "--shell",
+    "/bin/bash",
+    "--comment",
+    MARKER,
+    "dave",
+  ]);
+  const { chown, chmod, rm } = await import("node:fs/promises");
+  await rm(home, { recursive: true });
+  await mkdir(home);
+  await chown(home, 0, 0);
+  await chmod(home, 0o755);
+  const { changes, status } = await converge(env, [dave]);
+  t.ok(
+    changes.some((c) => /^give \/home\/deckhouse\/dave to dave \(1101:100, 0755; was 0755 0:0/.test(c.summary)),
+    changes.map((c) => c.summary).join("\n"),
+  );
+  t.equal(status.outcome, "changed");
+  const st = await stat(home);
+  t.same([st.uid, st.gid, st.mode & 0o7777], [1101, 100, 0o755], "the home is dave's");
+  t.same((await env.plan(bundleStep([dave]))).changes, [], "and the next run plans nothing");
+
+  // Killed before the chmod (mode 0), and a run that never got to add the account: useradd
+  // keeps the existing home as it is, so the repair follows it.
+  await chown(home, 0, 0);
+  await chmod(home, 0);
+  const again = await converge(env, [dave]);
+  t.ok(again.changes.some((c) => c.summary.startsWith("give /home/deckhouse/dave to dave (1101:100, 0700")));
+  t.same(((await stat(home)).mode & 0o7777).toString(8), "700");
+  const erin: NodeUserSpec = { ...dave, name: "erin", uid: 1102 };
+  const erinHome = path.join(env.root, "home/deckhouse/erin");
+  await mkdir(erinHome, { mode: 0o755 });
+  const created = await converge(env, [dave, erin]);
+  t.notOk(created.status.problems, "no problems");
+  t.same([(await stat(erinHome)).uid, (await stat(erinHome)).gid], [1102, 100]);
+  t.same((await env.plan(bundleStep([dave, erin]))).changes, []);
+});
+
 t.test("a user no longer listed is removed with its home; processes are not killed in a sandbox", async (t) => {
   const env = await stepEnv(t);
   await seedAccounts(env);

@@ -3,7 +3,7 @@
 // handlers run, flags where the agent reads them, temporary files, bb-sync-file/-dir, the OS
 // and bundle helpers (the same table as bundles/os-families.ts), proxy and node-name helpers.
 import t from "tap";
-import { mkdir, readFile, readdir, stat, writeFile } from "node:fs/promises";
+import { chmod, link, lstat, mkdir, readFile, readdir, rm, stat, symlink, writeFile } from "node:fs/promises";
 import { existsSync } from "node:fs";
 import path from "node:path";
 import { sandbox, type Sandbox } from "../lib/bashbooster.ts";
@@ -261,6 +261,128 @@ t.test("bb-sync-dir: two-way by default, -o/--one-way keeps extra files, events 
   t.equal(twoWay.stdout, `bb-sync-file-removed ${dst}/extra\nbb-sync-dir-removed ${dst}/olddir\nupdated\n`);
   t.notOk(existsSync(path.join(dst, "extra")));
   t.notOk(existsSync(path.join(dst, "olddir")));
+});
+
+// The agent's link rule (README "Security") in the sync helpers. These cases need no second
+// user: a link or a writable directory the step itself did not expect is refused all the same
+// (test/integration/bashbooster-links.test.ts plants them as another user, as root).
+async function victim(sb: Sandbox): Promise<{ file: string; dir: string; snapshot: () => Promise<string> }> {
+  const dir = path.join(sb.dir, "victim");
+  await mkdir(dir);
+  const file = path.join(dir, "secret");
+  await writeFile(file, "s3cret\n", { mode: 0o600 });
+  await writeFile(path.join(dir, "keep.conf"), "keep\n");
+  const snapshot = async () => {
+    const names = (await readdir(dir)).sort();
+    const parts = await Promise.all(
+      names.map(async (n) => {
+        const st = await stat(path.join(dir, n));
+        return `${n} ${(st.mode & 0o7777).toString(8)} ${await readFile(path.join(dir, n), "utf8")}`;
+      }),
+    );
+    return parts.join("|");
+  };
+  return { file, dir, snapshot };
+}
+
+t.test("bb-sync-file refuses a link at the destination; what it points to keeps content and mode", async (t) => {
+  const sb = await withSandbox(t);
+  const v = await victim(sb);
+  const before = await v.snapshot();
+  const dst = path.join(sb.dir, "app.conf");
+  await symlink(v.file, dst);
+  const r = await sb.step(`bb-sync-file "${dst}" - <<'EOF'\nnew = 1\nEOF\necho never\n`);
+  t.equal(r.code, 1, "the step fails");
+  t.match(r.stderr, `bb-sync [ERROR] bb-sync-file: ${dst} is a symbolic link (to ${v.file}); refused`);
+  t.notMatch(r.stdout, /never/);
+  t.equal(await v.snapshot(), before, "the link's target: same content, still 0600");
+  t.ok((await lstat(dst)).isSymbolicLink(), "the link is left for a person to look at");
+});
+
+t.test("bb-sync-file replaces a hard link at the destination instead of writing through it", async (t) => {
+  const sb = await withSandbox(t);
+  const v = await victim(sb);
+  const before = await v.snapshot();
+  const dst = path.join(sb.dir, "app.conf");
+  await link(v.file, dst);
+  const r = await sb.step(`bb-sync-file "${dst}" - <<'EOF'\nnew = 1\nEOF\n`);
+  t.equal(r.code, 0, r.stderr);
+  t.equal(await readFile(dst, "utf8"), "new = 1\n");
+  t.equal((await stat(dst)).nlink, 1, "a new file, not the victim's inode");
+  t.equal(await v.snapshot(), before, "the other name of the old inode is untouched");
+});
+
+t.test(
+  "bb-sync-file: a link on the way, a directory others can write, '..' and a missing directory are refused",
+  async (t) => {
+    const sb = await withSandbox(t);
+    const v = await victim(sb);
+    const before = await v.snapshot();
+    await mkdir(path.join(sb.dir, "etc"));
+    await symlink(v.dir, path.join(sb.dir, "etc", "linked"));
+    const onTheWay = await sb.step(`bb-sync-file "${sb.dir}/etc/linked/keep.conf" - <<'EOF'\nx\nEOF\n`);
+    t.equal(onTheWay.code, 1);
+    t.match(onTheWay.stderr, `${sb.dir}/etc/linked is a symbolic link (to ${v.dir}); refused`);
+    await mkdir(path.join(sb.dir, "open"));
+    await chmod(path.join(sb.dir, "open"), 0o777);
+    const open = await sb.step(`bb-sync-file "${sb.dir}/open/a.conf" - <<'EOF'\nx\nEOF\n`);
+    t.equal(open.code, 1);
+    t.match(
+      open.stderr,
+      `${sb.dir}/open can be written by others (owner uid ${process.getuid?.()}, mode 0777); refused`,
+    );
+    t.notOk(existsSync(path.join(sb.dir, "open", "a.conf")));
+    const climb = await sb.step(`bb-sync-file "${sb.dir}/etc/../victim/keep.conf" - <<'EOF'\nx\nEOF\n`);
+    t.equal(climb.code, 1);
+    t.match(climb.stderr, "contains '..'; refused");
+    const missing = await sb.step(`bb-sync-file "${sb.dir}/nodir/a.conf" - <<'EOF'\nx\nEOF\n`);
+    t.equal(missing.code, 1);
+    t.match(missing.stderr, `directory ${sb.dir}/nodir does not exist`);
+    t.equal(await v.snapshot(), before, "nothing changed behind any of them");
+  },
+);
+
+t.test("bb-sync-dir: a link at the destination or under it is refused; nothing is removed behind it", async (t) => {
+  const sb = await withSandbox(t);
+  const v = await victim(sb);
+  const before = await v.snapshot();
+  const src = path.join(sb.dir, "src");
+  await mkdir(path.join(src, "sub"), { recursive: true });
+  await writeFile(path.join(src, "sub", "only.conf"), "x\n");
+  const dst = path.join(sb.dir, "dst");
+  await mkdir(dst);
+  await symlink(v.dir, path.join(dst, "sub"));
+  const under = await sb.step(`bb-sync-dir "${dst}" "${src}"\n`);
+  t.equal(under.code, 1);
+  t.match(under.stderr, `bb-sync-dir: ${dst}/sub is a symbolic link (to ${v.dir}); refused`);
+  await rm(dst, { recursive: true });
+  await symlink(v.dir, dst);
+  const at = await sb.step(`bb-sync-dir "${dst}" "${src}"\n`);
+  t.equal(at.code, 1);
+  t.match(at.stderr, `${dst} is a symbolic link (to ${v.dir}); refused`);
+  t.equal(await v.snapshot(), before, "two-way sync deleted nothing in the link's target");
+});
+
+t.test("the links real systems ship are followed inside BASHIBLE_ROOT, as the agent follows them", async (t) => {
+  const sb = await withSandbox(t);
+  const root = path.join(sb.dir, "root");
+  await mkdir(path.join(root, "run"), { recursive: true });
+  await mkdir(path.join(root, "var"));
+  await mkdir(path.join(root, "etc"));
+  await symlink("/run", path.join(root, "var", "run")); // absolute, as Debian ships it
+  const name = `bb-links-${process.pid}.conf`;
+  const r = await sb.step(`bb-sync-file "$BASHIBLE_ROOT/var/run/${name}" - <<'EOF'\nx\nEOF\n`, {
+    BASHIBLE_ROOT: root,
+  });
+  t.equal(r.code, 0, r.stderr);
+  t.equal(await readFile(path.join(root, "run", name), "utf8"), "x\n", "written under the root's /run");
+  t.notOk(existsSync(path.join("/run", name)), "never the machine's own /run");
+  await symlink(path.join(root, "run"), path.join(root, "etc", "conf.d"));
+  const other = await sb.step(`bb-sync-file "$BASHIBLE_ROOT/etc/conf.d/${name}" - <<'EOF'\nx\nEOF\n`, {
+    BASHIBLE_ROOT: root,
+  });
+  t.equal(other.code, 1, "any other link is refused");
+  t.match(other.stderr, `${root}/etc/conf.d is a symbolic link`);
 });
 
 t.test("bb-is-bundle / bb-is-family / bb-pkg-mgr agree with bundles/os-families.ts for every ID", async (t) => {

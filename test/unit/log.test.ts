@@ -50,3 +50,17 @@ t.test("both loggers redact the same fields at any depth", async (t) => {
     t.equal(rec.err.message, "boom", `${name}: errors keep their message`);
   }
 });
+
+t.test("pretty lines show control characters instead of sending them to the terminal", async (t) => {
+  const line = JSON.stringify({
+    level: "info",
+    time: 0,
+    msg: "script said \u001b[2J\u001b[31mroot pwned\rfake line\nsecond",
+    stream: "\u001b]0;title\u0007",
+  });
+  const out = prettyLine(line);
+  const controls = [...out.slice(0, -1)].filter((c) => c.charCodeAt(0) < 0x20 && c !== "\t");
+  t.same(controls, [], "no control character but the final newline");
+  t.match(out, "script said \\x1b[2J\\x1b[31mroot pwned\\x0dfake line\\nsecond");
+  t.ok(out.endsWith("\n") && out.indexOf("\n") === out.length - 1, "one line");
+});

@@ -24,12 +24,23 @@ export async function fetchBundle(source: BundleSource, lastGood: NodeGroupBundl
     if ("notModified" in got) return { bundle: lastGood, rejected: false };
     return { bundle: acceptBundle(got.raw, source.description), rejected: false };
   } catch (err) {
+    const rejected = err instanceof BundleRejectedError;
     return {
       bundle: lastGood,
-      error: (err as Error).message,
-      rejected: err instanceof BundleRejectedError,
+      error: rejected ? withoutValues((err as Error).message) : (err as Error).message,
+      rejected,
     };
   }
+}
+
+/**
+ * A refused bundle's reason names the field and quotes its value (`the string "…"`,
+ * bundles/schema.ts). Nothing of a refused bundle is known to be safe to show: the value may be
+ * a password hash or a key line with an injected newline, and the secrets that redact a good
+ * bundle's output come from parsing it. The field's path says where to look.
+ */
+export function withoutValues(message: string): string {
+  return message.replace(/the string "(?:[^"\\]|\\.)*"/g, "a string (its value not shown)");
 }
 
 /** Keeps the last fetch problem in status.json (a good fetch clears it); a refusal becomes an Event. */

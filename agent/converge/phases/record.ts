@@ -24,12 +24,15 @@ export async function finish(
   patch?: (st: Status) => void,
 ): Promise<ConvergeResult> {
   const { startedAt, checksum } = run;
-  await updateStatus(run.host, (st) => {
+  const st = await updateStatus(run.host, (st) => {
     st.lastRun = { startedAt, finishedAt: new Date().toISOString(), checksum, outcome, reason };
     if (!isWaiting(outcome)) delete st.waiting;
     patch?.(st);
   });
-  return { outcome, checksum, reason, ...(run.rejected ? { rejected: true } : {}) };
+  const problems = st.steps.flatMap((s) =>
+    (s.problems ?? []).map((p) => ({ step: s.name, subject: p.subject, message: redact(p.message, run.secrets) })),
+  );
+  return { outcome, checksum, reason, problems, ...(run.rejected ? { rejected: true } : {}) };
 }
 
 /** Nothing to run: only the Node's checksum annotation is re-asserted. */

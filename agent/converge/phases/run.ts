@@ -40,10 +40,22 @@ export interface ApplyingRun extends Run {
   pendingLater: boolean;
 }
 
+/** A problem a step reported, with the step: what is held back and why. */
+export interface RunProblem {
+  step: string;
+  subject: string;
+  message: string;
+}
+
 export interface ConvergeResult {
   outcome: RunOutcome;
   checksum?: string;
   reason: string;
+  /**
+   * The problems the steps reported (redacted), in step order: this run's, or, for a run with
+   * nothing to do, those the run that applied the bundle recorded (nothing since fixed them).
+   */
+  problems: RunProblem[];
   /** The bundle fetched was refused; the last good one was used (or nothing ran). */
   rejected?: boolean;
 }
