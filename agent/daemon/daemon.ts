@@ -23,6 +23,7 @@ import { gateInput, readGateState, rebootRequested } from "../converge/gate-inpu
 import { stateHost } from "../converge/state.ts";
 import { ApiBundleSource, FileBundleSource, type BundleSource } from "../converge/source.ts";
 import { agentArgv } from "../self.ts";
+import { EXIT } from "../../lib/cli.ts";
 
 export interface DaemonOptions {
   root: string;
@@ -339,7 +340,9 @@ export class Daemon {
     child.once("exit", (code, signal) => {
       this.child = undefined;
       this.o.onConvergeEnd?.();
-      if (code !== 0) this.log.warn({ code, signal }, "converge did not finish cleanly; the next tick retries");
+      if (code === EXIT.problems)
+        this.log.warn("converge finished; steps reported problems (bashible status lists them)");
+      else if (code !== 0) this.log.warn({ code, signal }, "converge did not finish cleanly; the next tick retries");
       if (this.abort.signal.aborted) return this.resolveDone();
       const again = this.rerun;
       this.rerun = undefined;
