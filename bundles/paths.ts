@@ -10,6 +10,11 @@ export const PATHS = {
   configurationChecksum: `${STATE_DIR}/configuration_checksum`,
   firstRun: `${STATE_DIR}/first_run`,
   bootstrapToken: `${STATE_DIR}/bootstrap-token`,
+  /**
+   * The node's address as Deckhouse's 000_discover_node_ip writes it (one IP, a trailing
+   * newline): the kubelet's --node-ip and --address when present.
+   */
+  discoveredNodeIP: `${STATE_DIR}/discovered-node-ip`,
   bootstrapCA: `${STATE_DIR}/ca.crt`,
   bootstrapScript: `${STATE_DIR}/bootstrap.sh`,
   cleanupScript: `${STATE_DIR}/cleanup_static_node.sh`,
@@ -50,8 +55,13 @@ export const PATHS = {
   /** Where built-in steps write their units (the administrator's directory, ahead of the OS's). */
   unitDir: "/etc/systemd/system",
   containerdConfig: "/etc/containerd/config.toml",
-  /** Fragments merged over config.toml by containerd's `imports` (NodeGroupConfiguration scripts put theirs here). */
+  /**
+   * Fragments NodeGroupConfiguration scripts put here are merged into config.toml by
+   * 032_configure_containerd, as Deckhouse's toml-merge merges them: conf.d for containerd 1,
+   * conf2.d for containerd 2.
+   */
   containerdConfD: "/etc/containerd/conf.d",
+  containerdConf2D: "/etc/containerd/conf2.d",
   /** containerd's config_path: <host>/hosts.toml per registry (Deckhouse's directory). */
   containerdRegistryDir: "/etc/containerd/registry.d",
   containerdSocket: "/run/containerd/containerd.sock",
