@@ -136,10 +136,20 @@ export const CLEANUP_PATHS = [
   NODE_USERS.homeBase,
   ...ALL_PROFILE_DROP_INS,
   NODE_USERS.sudoersDropIn,
+  // What the kubelet's settings need from the system (064_configure_kubelet), and the file the
+  // kubelet writes itself when logind's inhibitor delay is shorter than its shutdown grace period.
+  "/etc/sysctl.d/90-bashible-kubelet.conf",
+  "/etc/systemd/logind.conf.d/90-bashible-kubelet.conf",
+  "/etc/systemd/logind.conf.d/99-kubelet.conf",
+  // crictl's configuration (032_configure_containerd)
+  "/etc/crictl.yaml",
   // softdog set up for fencing (agent/fencing/softdog.ts)
   "/etc/modprobe.d/bashible-softdog.conf",
   "/etc/modules-load.d/bashible-softdog.conf",
 ];
+
+/** Directories cleanup_static_node.sh removes when the files above were all that was in them. */
+export const CLEANUP_EMPTY_DIRS = ["/etc/systemd/logind.conf.d"];
 
 /**
  * The repository a registry package is pulled from when none is named: `<registry path>/packages`,

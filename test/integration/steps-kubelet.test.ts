@@ -1,9 +1,10 @@
-// The kubelet steps in a sandbox tree with the pinned kubelet binary: the configuration is
-// validated by that kubelet before it is installed (a refused one never is), the unit passes
-// systemd-analyze verify and carries the node's labels and taints, the bootstrap token stays out
+// The kubelet steps in a sandbox tree with the pinned kubelet binary: Deckhouse's configuration
+// is validated by that kubelet before it is installed (a refused one never is), the unit passes
+// systemd-analyze verify and carries the registration labels and taint and the discovered node
+// address, a drop-in this step does not own is removed in the plan, the bootstrap token stays out
 // of plans, the engine restarts the kubelet only when what it reads changed (configuration, CA,
-// bootstrap kubeconfig, unit, binary), and 069 waits for the client certificate or says what to
-// check.
+// bootstrap kubeconfig, unit, drop-ins, binary), and 069 waits for the client certificate or says
+// what to check.
 import t, { type Test } from "tap";
 import { copyFile, link, mkdir, mkdtemp, readFile, rm, stat, symlink, writeFile } from "node:fs/promises";
 import { existsSync } from "node:fs";
