@@ -10,6 +10,11 @@ export const PATHS = {
   configurationChecksum: `${STATE_DIR}/configuration_checksum`,
   firstRun: `${STATE_DIR}/first_run`,
   bootstrapToken: `${STATE_DIR}/bootstrap-token`,
+  /**
+   * The node's address as Deckhouse's 000_discover_node_ip writes it (one IP, a trailing
+   * newline): the kubelet's --node-ip and --address when present.
+   */
+  discoveredNodeIP: `${STATE_DIR}/discovered-node-ip`,
   bootstrapCA: `${STATE_DIR}/ca.crt`,
   bootstrapScript: `${STATE_DIR}/bootstrap.sh`,
   cleanupScript: `${STATE_DIR}/cleanup_static_node.sh`,
@@ -50,8 +55,13 @@ export const PATHS = {
   /** Where built-in steps write their units (the administrator's directory, ahead of the OS's). */
   unitDir: "/etc/systemd/system",
   containerdConfig: "/etc/containerd/config.toml",
-  /** Fragments merged over config.toml by containerd's `imports` (NodeGroupConfiguration scripts put theirs here). */
+  /**
+   * Fragments NodeGroupConfiguration scripts put here are merged into config.toml by
+   * 032_configure_containerd, as Deckhouse's toml-merge merges them: conf.d for containerd 1,
+   * conf2.d for containerd 2.
+   */
   containerdConfD: "/etc/containerd/conf.d",
+  containerdConf2D: "/etc/containerd/conf2.d",
   /** containerd's config_path: <host>/hosts.toml per registry (Deckhouse's directory). */
   containerdRegistryDir: "/etc/containerd/registry.d",
   containerdSocket: "/run/containerd/containerd.sock",
@@ -126,10 +136,20 @@ export const CLEANUP_PATHS = [
   NODE_USERS.homeBase,
   ...ALL_PROFILE_DROP_INS,
   NODE_USERS.sudoersDropIn,
+  // What the kubelet's settings need from the system (064_configure_kubelet), and the file the
+  // kubelet writes itself when logind's inhibitor delay is shorter than its shutdown grace period.
+  "/etc/sysctl.d/90-bashible-kubelet.conf",
+  "/etc/systemd/logind.conf.d/90-bashible-kubelet.conf",
+  "/etc/systemd/logind.conf.d/99-kubelet.conf",
+  // crictl's configuration (032_configure_containerd)
+  "/etc/crictl.yaml",
   // softdog set up for fencing (agent/fencing/softdog.ts)
   "/etc/modprobe.d/bashible-softdog.conf",
   "/etc/modules-load.d/bashible-softdog.conf",
 ];
+
+/** Directories cleanup_static_node.sh removes when the files above were all that was in them. */
+export const CLEANUP_EMPTY_DIRS = ["/etc/systemd/logind.conf.d"];
 
 /**
  * The repository a registry package is pulled from when none is named: `<registry path>/packages`,

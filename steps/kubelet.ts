@@ -1,36 +1,50 @@
-// Kubelet (064_configure_kubelet): everything the kubelet reads, and its unit.
+// Kubelet (064_configure_kubelet): everything the kubelet reads, and its unit, as Deckhouse's
+// 064_configure_kubelet and 068_configure_kubelet_systemd_unit write them (docs/steps.md has the
+// table, setting by setting, with the few deliberate differences).
 //
-// - /var/lib/kubelet/config.yaml: the KubeletConfiguration from the bundle (cgroup driver, cluster
-//   DNS and domain, eviction thresholds, maxPods, container log rotation, the NodeGroup's
-//   resource reservation, feature gates; failCgroupV1: false where the machine has cgroup v1),
-//   checked by the kubelet itself before it replaces the live file (steps/checks/kubelet-config.sh:
-//   its own decoding and validation, unknown fields refused).
-// - /etc/kubernetes/pki/ca.crt: the cluster CA (client certificates, the API server's identity).
-// - /etc/kubernetes/bootstrap-kubelet.conf: the bootstrap token (/var/lib/bashible/bootstrap-token)
-//   against the local API proxy, written only while the kubelet has no client certificate; after
-//   TLS bootstrap the kubelet writes /etc/kubernetes/kubelet.conf itself and rotates its
-//   certificate, and the bootstrap file is left alone.
-// - kubelet.service: the binary (its package digest is in the unit, so a new binary changes it),
-//   the node's labels and taints (registered with the Node; the taint
-//   node.deckhouse.io/bashible-uninitialized keeps workloads off until the first run finished).
+// - /var/lib/kubelet/config.yaml: the KubeletConfiguration: the bundle's values (NodeGroup and
+//   cluster context) and the machine's (reservations and eviction thresholds sized from its
+//   memory and disks with Deckhouse's formulas, resolv.conf of systemd-resolved where it runs,
+//   failCgroupV1: false on cgroup v1), checked by the kubelet itself before it replaces the live
+//   file (steps/checks/kubelet-config.sh: its own decoding and validation, unknown fields refused).
+// - /etc/kubernetes/pki/ca.crt, /etc/kubernetes/bootstrap-kubelet.conf (the bootstrap token,
+//   written only while the kubelet has no client certificate).
+// - kubelet.service: the binary (its package digest is in the unit), the registration values
+//   (the group and node type labels, the uninitialized taint), --node-ip/--address from
+//   /var/lib/bashible/discovered-node-ip when it exists. Drop-ins of kubelet.service this step
+//   does not own (Deckhouse's 10-deckhouse.conf, kubeadm's 10-kubeadm.conf) would override its
+//   ExecStart: they are removed, in the plan like any other change.
+// - What the kubelet's settings need from the system: the kernel settings protectKernelDefaults
+//   makes it check (a sysctl.d file, loaded), and logind's inhibitor delay long enough for
+//   graceful node shutdown (a logind.conf.d file; logind told to reload).
 //
-// The kubelet is restarted (after this step, by the engine) only when one of those files changed,
-// or a script set kubelet-need-restart; a kubelet that is not running is started the same way.
-// 069_start_kubelet then waits for its client certificate.
-import os from "node:os";
-import { existsSync } from "node:fs";
-import { stringify } from "yaml";
+// The kubelet is restarted (after this step, by the engine) only when one of the files it reads
+// changed, or a script set kubelet-need-restart. 069_start_kubelet then waits for its client
+// certificate.
+import { readFile } from "node:fs/promises";
+import { isIP } from "node:net";
+import { parse, stringify } from "yaml";
 import { asset } from "../lib/assets.ts";
 import { PATHS } from "../bundles/paths.ts";
 import { kubeletMaySetLabel } from "../bundles/names.ts";
 import { UNITS } from "../bundles/steps/index.ts";
+import { kubelet as descriptor } from "../bundles/steps/kubelet.ts";
 import type { KubeletSpec } from "../bundles/types.ts";
 import type { Host } from "../host/host.ts";
-import { planDir, planFile } from "../host/file-plan.ts";
+import { planAbsent, planDir, planFile } from "../host/file-plan.ts";
 import { RefusedError } from "../lib/errors.ts";
-import type { Primitive, Problem, Step } from "./types.ts";
+import type { FileChange, Primitive, Problem, Step } from "./types.ts";
 import { binaryStamp } from "./lib/binary.ts";
-import { planUnit, startByRestart, unitPath } from "./lib/units.ts";
+import {
+  AUTO_RESERVED,
+  autoReservedMemoryBytes,
+  diskEviction,
+  type FsSize,
+  memoryEvictionBytes,
+  quantityBytes,
+} from "./lib/kubelet-sizing.ts";
+import { cgroupV1, fsSizeOf, memoryBytes } from "./lib/machine.ts";
+import { planUnit, startByRestart, unitPath, unitState } from "./lib/units.ts";
 
 export const BIN = `${PATHS.binDir}/kubelet`;
 const UNIT = UNITS.kubelet;
@@ -39,105 +53,216 @@ export const CONFIG = PATHS.kubeletConfig;
 export const BOOTSTRAP_KUBECONFIG = PATHS.kubeletBootstrapKubeconfig;
 export const CA = PATHS.clusterCA;
 const STATIC_PODS = "/etc/kubernetes/manifests";
+const DEFAULT_ROOT_DIR = "/var/lib/kubelet";
+/** containerd's root (032_configure_containerd): the imagefs the disk thresholds are sized from. */
+const CONTAINERD_ROOT = "/var/lib/containerd";
+
+/** Where systemd looks for kubelet.service drop-ins, most specific first. */
+export const DROP_IN_DIRS = [
+  "/etc/systemd/system.control",
+  "/run/systemd/system.control",
+  "/etc/systemd/system",
+  "/run/systemd/system",
+  "/usr/local/lib/systemd/system",
+  "/usr/lib/systemd/system",
+  "/lib/systemd/system",
+].map((d) => `${d}/${UNIT}.d`);
+
+/** The kernel settings a kubelet with protectKernelDefaults checks at start (and refuses to run without). */
+export const KERNEL_DEFAULTS = {
+  "vm.overcommit_memory": 1,
+  "vm.panic_on_oom": 0,
+  "kernel.panic": 10,
+  "kernel.panic_on_oops": 1,
+  "kernel.keys.root_maxkeys": 1000000,
+  "kernel.keys.root_maxbytes": 25000000,
+} as const;
+export const SYSCTL_FILE = "/etc/sysctl.d/90-bashible-kubelet.conf";
+/** logind's delay inhibitor: the kubelet's graceful shutdown holds the machine's shutdown this long. */
+export const LOGIND_FILE = "/etc/systemd/logind.conf.d/90-bashible-kubelet.conf";
+const LOGIND_UNIT = "systemd-logind.service";
+/** systemd-resolved's list of the real upstream servers (its stub at 127.0.0.53 would loop in pods). */
+export const RESOLVED_RESOLV_CONF = "/run/systemd/resolve/resolv.conf";
+
+/** Deckhouse's list (CIS): TLS 1.2 suites with forward secrecy, then the two RSA-GCM ones. */
+export const TLS_CIPHER_SUITES = [
+  "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+  "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+  "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305",
+  "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384",
+  "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305",
+  "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",
+  "TLS_RSA_WITH_AES_256_GCM_SHA384",
+  "TLS_RSA_WITH_AES_128_GCM_SHA256",
+];
 
 /** What the machine has: the kernel's, so the same in a sandbox tree as on its host. */
 export interface MachineFacts {
   cgroupV1: boolean;
   memoryBytes: number;
-  cpus: number;
+  /** The kubelet's root dir's filesystem. */
+  nodefs?: FsSize;
+  /** containerd's root's filesystem (none when containerd is not managed). */
+  imagefs?: FsSize;
 }
 
-export function machineFacts(): MachineFacts {
+export async function machineFacts(host: Host, spec: KubeletSpec): Promise<MachineFacts> {
+  const nodefs = await fsSizeOf(host.path(spec.rootDir ?? DEFAULT_ROOT_DIR));
+  const imagefs = spec.criSocket ? undefined : await fsSizeOf(host.path(CONTAINERD_ROOT));
   return {
-    cgroupV1: !existsSync("/sys/fs/cgroup/cgroup.controllers"),
-    memoryBytes: os.totalmem(),
-    cpus: os.availableParallelism(),
+    cgroupV1: cgroupV1(),
+    memoryBytes: memoryBytes(),
+    ...(nodefs ? { nodefs } : {}),
+    ...(imagefs ? { imagefs } : {}),
   };
 }
 
-const MI = 1024 * 1024;
-const GI = 1024 * MI;
-
-/**
- * resourceReservation Auto: what the system keeps back from pods, graded by size the way the
- * large managed offerings do it (memory: 25 % of the first 4 GiB, 20 % of the next 4, 10 % of
- * the next 8, 6 % of the next 112, 2 % above; 255 MiB on machines under 1 GiB; CPU: 6 % of the
- * first core, 1 % of the second, 0.5 % of the next two, 0.25 % above four).
- */
-export function autoReservation(m: MachineFacts): { cpu: string; memory: string } {
-  let memory = 0;
-  if (m.memoryBytes < GI) memory = 255 * MI;
-  else {
-    let left = m.memoryBytes;
-    for (const [size, share] of [
-      [4 * GI, 0.25],
-      [4 * GI, 0.2],
-      [8 * GI, 0.1],
-      [112 * GI, 0.06],
-      [Number.POSITIVE_INFINITY, 0.02],
-    ] as const) {
-      const part = Math.min(left, size);
-      memory += part * share;
-      left -= part;
-      if (left <= 0) break;
-    }
-  }
-  let milli = 0;
-  for (let core = 1; core <= m.cpus; core++) milli += core === 1 ? 60 : core === 2 ? 10 : core <= 4 ? 5 : 2.5;
-  return { cpu: `${Math.ceil(milli)}m`, memory: `${Math.ceil(memory / MI)}Mi` };
+/** What the node's files say (read with the plan). */
+export interface NodeFacts {
+  /** The resolv.conf pods get: systemd-resolved's upstream list where it runs. */
+  resolvConf: string;
+  /** From /var/lib/bashible/discovered-node-ip. */
+  nodeIP?: string;
 }
 
-export function renderConfig(spec: KubeletSpec, m: MachineFacts): string {
-  const reserved =
-    spec.resourceReservation.mode === "Auto"
-      ? autoReservation(m)
-      : spec.resourceReservation.mode === "Static"
-        ? {
-            ...(spec.resourceReservation.static?.cpu ? { cpu: spec.resourceReservation.static.cpu } : {}),
-            ...(spec.resourceReservation.static?.memory ? { memory: spec.resourceReservation.static.memory } : {}),
-            ...(spec.resourceReservation.static?.ephemeralStorage
-              ? { "ephemeral-storage": spec.resourceReservation.static.ephemeralStorage }
-              : {}),
-          }
-        : {};
-  const sorted = <T>(r: Record<string, T>) =>
-    Object.fromEntries(Object.entries(r).sort(([a], [b]) => (a < b ? -1 : 1)));
-  const config: Record<string, unknown> = {
+const sorted = <T>(r: Record<string, T>) => Object.fromEntries(Object.entries(r).sort(([a], [b]) => (a < b ? -1 : 1)));
+
+/** systemReserved in Deckhouse's form: memory in bytes, the rest as the NodeGroup wrote it. */
+export function systemReserved(spec: KubeletSpec, m: MachineFacts): Record<string, string> {
+  const r = spec.resourceReservation;
+  if (r.mode === "Auto") {
+    return {
+      cpu: AUTO_RESERVED.cpu,
+      memory: String(autoReservedMemoryBytes(m.memoryBytes)),
+      "ephemeral-storage": AUTO_RESERVED.ephemeralStorage,
+    };
+  }
+  if (r.mode === "Static") {
+    return {
+      ...(r.static?.cpu ? { cpu: r.static.cpu } : {}),
+      ...(r.static?.memory ? { memory: String(quantityBytes(r.static.memory)) } : {}),
+      ...(r.static?.ephemeralStorage ? { "ephemeral-storage": r.static.ephemeralStorage } : {}),
+    };
+  }
+  return {};
+}
+
+/** The KubeletConfiguration as an object, in Deckhouse's order of keys. */
+export function kubeletConfig(spec: KubeletSpec, m: MachineFacts, n: NodeFacts): Record<string, unknown> {
+  const memory = memoryEvictionBytes(m.memoryBytes);
+  const nodefs = diskEviction(m.nodefs);
+  const imagefs = diskEviction(m.imagefs);
+  const reserved = systemReserved(spec, m);
+  const grace = "1m30s";
+  const topology = spec.topologyManager;
+  const gates = sorted({
+    RotateKubeletServerCertificate: true,
+    ...(topology ? { MemoryManager: true } : {}),
+    ...spec.featureGates,
+  });
+  return {
     apiVersion: "kubelet.config.k8s.io/v1beta1",
     kind: "KubeletConfiguration",
     authentication: {
-      anonymous: { enabled: false },
-      webhook: { enabled: true, cacheTTL: "2m0s" },
       x509: { clientCAFile: CA },
+      webhook: { enabled: true, cacheTTL: "2m0s" },
+      anonymous: { enabled: false },
     },
     authorization: { mode: "Webhook", webhook: { cacheAuthorizedTTL: "5m0s", cacheUnauthorizedTTL: "30s" } },
+    cgroupRoot: "/",
+    cgroupsPerQOS: true,
     cgroupDriver: spec.cgroupDriver,
-    clusterDNS: spec.clusterDNS,
-    clusterDomain: spec.clusterDomain,
-    containerLogMaxFiles: spec.containerLogMaxFiles,
-    containerLogMaxSize: spec.containerLogMaxSize,
-    containerRuntimeEndpoint: `unix://${spec.criSocket ?? PATHS.containerdSocket}`,
-    evictionHard: sorted(spec.evictionHard),
-    ...(Object.keys(spec.evictionSoft).length
-      ? { evictionSoft: sorted(spec.evictionSoft), evictionSoftGracePeriod: sorted(spec.evictionSoftGracePeriod) }
-      : {}),
     // Kubernetes 1.31+ refuses cgroup v1 unless told; on a cgroup v1 machine it is told.
     ...(m.cgroupV1 ? { failCgroupV1: false } : {}),
-    ...(spec.swapBehavior ? { failSwapOn: false } : {}),
-    ...(Object.keys(spec.featureGates).length ? { featureGates: sorted(spec.featureGates) } : {}),
-    maxPods: spec.maxPods,
+    clusterDomain: spec.clusterDomain,
+    clusterDNS: spec.clusterDNS,
+    containerRuntimeEndpoint: `unix://${spec.criSocket ?? PATHS.containerdSocket}`,
+    cpuManagerReconcilePeriod: "10s",
+    enableControllerAttachDetach: true,
+    enableDebuggingHandlers: true,
+    enableServer: true,
+    enforceNodeAllocatable: ["pods"],
+    eventRecordQPS: 50,
+    eventBurst: 50,
+    evictionHard: {
+      "imagefs.available": imagefs.hard.available,
+      "imagefs.inodesFree": imagefs.hard.inodesFree,
+      "memory.available": String(memory.hard),
+      "nodefs.available": nodefs.hard.available,
+      "nodefs.inodesFree": nodefs.hard.inodesFree,
+    },
+    evictionSoft: {
+      "imagefs.available": imagefs.soft.available,
+      "imagefs.inodesFree": imagefs.soft.inodesFree,
+      "memory.available": String(memory.soft),
+      "nodefs.available": nodefs.soft.available,
+      "nodefs.inodesFree": nodefs.soft.inodesFree,
+    },
+    evictionSoftGracePeriod: {
+      "imagefs.available": grace,
+      "imagefs.inodesFree": grace,
+      "memory.available": grace,
+      "nodefs.available": grace,
+      "nodefs.inodesFree": grace,
+    },
+    evictionPressureTransitionPeriod: "4m0s",
+    evictionMaxPodGracePeriod: 90,
+    failSwapOn: !spec.swapBehavior,
     ...(spec.swapBehavior ? { memorySwap: { swapBehavior: spec.swapBehavior } } : {}),
-    readOnlyPort: 0,
-    rotateCertificates: true,
+    tlsCipherSuites: TLS_CIPHER_SUITES,
     serverTLSBootstrap: true,
+    featureGates: gates,
+    fileCheckFrequency: "20s",
+    imageMinimumGCAge: "2m0s",
+    imageGCHighThresholdPercent: 70,
+    imageGCLowThresholdPercent: 65,
+    kubeAPIBurst: 50,
+    kubeAPIQPS: 50,
+    hairpinMode: "promiscuous-bridge",
+    httpCheckFrequency: "20s",
+    maxOpenFiles: 1000000,
+    maxPods: spec.maxPods,
+    nodeStatusUpdateFrequency: `${spec.nodeStatusUpdateFrequencySeconds}s`,
+    podsPerCore: 0,
+    podPidsLimit: -1,
+    readOnlyPort: 0,
+    registryPullQPS: 10,
+    registryBurst: 20,
+    resolvConf: n.resolvConf,
+    rotateCertificates: true,
+    runtimeRequestTimeout: "2m0s",
+    serializeImagePulls: true,
     staticPodPath: STATIC_PODS,
-    ...(spec.seccompDefault !== undefined ? { seccompDefault: spec.seccompDefault } : {}),
+    syncFrequency: "1m0s",
     ...(Object.keys(reserved).length ? { systemReserved: reserved } : {}),
-    ...(spec.topologyManager
-      ? { topologyManagerPolicy: spec.topologyManager.policy, topologyManagerScope: spec.topologyManager.scope }
+    volumeStatsAggPeriod: "1m0s",
+    healthzBindAddress: "127.0.0.1",
+    healthzPort: 10248,
+    protectKernelDefaults: true,
+    containerLogMaxSize: spec.containerLogMaxSize,
+    containerLogMaxFiles: spec.containerLogMaxFiles,
+    allowedUnsafeSysctls: ["net.*"],
+    shutdownGracePeriod: descriptor.shutdownGracePeriod.total,
+    shutdownGracePeriodCriticalPods: descriptor.shutdownGracePeriod.criticalPods,
+    ...(spec.providerID ? { providerID: spec.providerID } : {}),
+    ...(spec.seccompDefault !== undefined ? { seccompDefault: spec.seccompDefault } : {}),
+    // The topology manager aligns what the CPU and memory managers hand out: Deckhouse turns
+    // both static on with it, the memory reserved on NUMA node 0 being exactly what the
+    // kubelet holds back (system reservation + hard eviction), as the kubelet requires.
+    ...(topology
+      ? {
+          cpuManagerPolicy: "static",
+          memoryManagerPolicy: "Static",
+          reservedMemory: [{ numaNode: 0, limits: { memory: String(Number(reserved.memory ?? 0) + memory.hard) } }],
+          topologyManagerScope: topology.scope,
+          topologyManagerPolicy: topology.policy,
+        }
       : {}),
   };
-  return `# Managed by bashible (064_configure_kubelet); changes restart ${UNIT}.\n${stringify(config, { lineWidth: 0 })}`;
+}
+
+export function renderConfig(spec: KubeletSpec, m: MachineFacts, n: NodeFacts): string {
+  return `# Managed by bashible (064_configure_kubelet); changes restart ${UNIT}.\n${stringify(kubeletConfig(spec, m, n), { lineWidth: 0 })}`;
 }
 
 export function renderBootstrapKubeconfig(server: string, token: string): string {
@@ -158,13 +283,13 @@ export function renderBootstrapKubeconfig(server: string, token: string): string
 
 export function renderUnit(
   spec: KubeletSpec,
-  o: { stamp: string; nodeName: string; labels: Record<string, string> },
+  o: { stamp: string; nodeName: string; labels: Record<string, string>; nodeIP?: string },
 ): string {
   const labels = Object.entries(o.labels)
     .sort(([a], [b]) => (a < b ? -1 : 1))
     .map(([k, v]) => `${k}=${v}`)
     .join(",");
-  const taints = spec.nodeTaints.map((t) => `${t.key}${t.value ? `=${t.value}` : ""}:${t.effect}`).join(",");
+  const taints = spec.registerTaints.map((t) => `${t.key}${t.value ? `=${t.value}` : ""}:${t.effect}`).join(",");
   const flags = [
     `--config=${CONFIG}`,
     `--bootstrap-kubeconfig=${BOOTSTRAP_KUBECONFIG}`,
@@ -173,11 +298,14 @@ export function renderUnit(
     ...(spec.rootDir ? [`--root-dir=${spec.rootDir}`] : []),
     ...(labels ? [`--node-labels=${labels}`] : []),
     ...(taints ? [`--register-with-taints=${taints}`] : []),
+    // The address 000_discover_node_ip found: the Node's InternalIP, and where the kubelet listens.
+    ...(o.nodeIP ? [`--node-ip=${o.nodeIP}`, `--address=${o.nodeIP}`] : []),
     "--v=2",
   ];
   return `# Managed by bashible (064_configure_kubelet).
 # Binary: ${o.stamp}
-# Labels and taints are registered with the Node when the kubelet creates it.
+# The labels and taints are what a new Node registers with; the cluster side keeps the
+# NodeGroup's nodeTemplate on it.
 [Unit]
 Description=kubelet: the Kubernetes node agent
 Documentation=https://kubernetes.io/docs/reference/command-line-tools-reference/kubelet/
@@ -196,11 +324,26 @@ WantedBy=multi-user.target
 `;
 }
 
-/** The node's labels the kubelet may register, and a problem for each it may not. */
+export function renderSysctl(): string {
+  const lines = Object.entries(KERNEL_DEFAULTS).map(([k, v]) => `${k} = ${v}`);
+  return `# Managed by bashible (064_configure_kubelet): the kernel settings the kubelet checks at start
+# (protectKernelDefaults), so it finds them set instead of setting them itself.
+${lines.join("\n")}\n`;
+}
+
+export function renderLogind(): string {
+  return `# Managed by bashible (064_configure_kubelet): graceful node shutdown. The kubelet holds a
+# delay inhibitor while it stops pods (shutdownGracePeriod ${descriptor.shutdownGracePeriod.total}); logind waits at most this long.
+[Login]
+InhibitDelayMaxSec=${descriptor.shutdownGracePeriod.totalSeconds}
+`;
+}
+
+/** The registration labels the kubelet may set, and a problem for each it may not. */
 export function registrableLabels(spec: KubeletSpec): { labels: Record<string, string>; problems: Problem[] } {
   const labels: Record<string, string> = {};
   const problems: Problem[] = [];
-  for (const [k, v] of Object.entries(spec.nodeLabels)) {
+  for (const [k, v] of Object.entries(spec.registerLabels)) {
     if (kubeletMaySetLabel(k)) labels[k] = v;
     else {
       problems.push({
@@ -211,6 +354,129 @@ export function registrableLabels(spec: KubeletSpec): { labels: Record<string, s
     }
   }
   return { labels, problems };
+}
+
+/**
+ * systemd-resolved's upstream list when /etc/resolv.conf is its stub (nameserver 127.0.0.53, or
+ * a link into /run/systemd/resolve/) and the list exists; /etc/resolv.conf otherwise (as
+ * Deckhouse's 064 decides).
+ */
+export async function resolvConfOf(host: Host): Promise<string> {
+  const st = await host.stat("/etc/resolv.conf");
+  let resolved = false;
+  if (st?.isSymlink) resolved = ((await host.fs.readLink("/etc/resolv.conf")) ?? "").includes("systemd/resolve/");
+  else if (st?.isFile) resolved = /^nameserver 127\.0\.0\.53\b/m.test((await host.readText("/etc/resolv.conf")) ?? "");
+  return resolved && (await host.stat(RESOLVED_RESOLV_CONF))?.isFile ? RESOLVED_RESOLV_CONF : "/etc/resolv.conf";
+}
+
+/** The address 000_discover_node_ip wrote, or none (and a problem when the file holds something else). */
+export async function discoveredNodeIP(host: Host): Promise<{ ip?: string; problem?: Problem }> {
+  const text = (await host.readText(PATHS.discoveredNodeIP, 4096))?.trim();
+  if (!text) return {};
+  if (isIP(text)) return { ip: text };
+  return {
+    problem: {
+      subject: PATHS.discoveredNodeIP,
+      message: `holds ${JSON.stringify(text.slice(0, 60))}, not an IP address: the kubelet runs without --node-ip (the next discovery rewrites the file)`,
+    },
+  };
+}
+
+/** The live configuration's CPU and memory manager policies (absent = none). */
+async function managerPolicies(host: Host): Promise<string | undefined> {
+  const text = await host.readText(CONFIG, 1 << 20);
+  if (text === undefined) return undefined;
+  try {
+    const c = parse(text) as { cpuManagerPolicy?: string; memoryManagerPolicy?: string } | null;
+    return `${c?.cpuManagerPolicy ?? "none"}/${c?.memoryManagerPolicy ?? "None"}`;
+  } catch {
+    // Not ours to read (a hand edit); the new configuration replaces it either way.
+    return "unreadable";
+  }
+}
+
+/**
+ * The CPU and memory managers keep their assignments in checkpoint files and refuse to start on
+ * a checkpoint of another policy: when the policy changes, the checkpoints go (Kubernetes' own
+ * procedure), which is disruptive (pods keep running, without the pinning they had).
+ */
+async function planManagerReset(host: Host, spec: KubeletSpec, config: FileChange): Promise<Primitive[]> {
+  const before = await managerPolicies(host);
+  const after = spec.topologyManager ? "static/Static" : "none/None";
+  if (before === undefined || before === after) return [];
+  const root = spec.rootDir ?? DEFAULT_ROOT_DIR;
+  const out: Primitive[] = [];
+  for (const f of ["cpu_manager_state", "memory_manager_state"]) {
+    const gone = await planAbsent(host, `${root}/${f}`);
+    if (gone)
+      out.push({ ...gone, summary: `${gone.summary} (the CPU/memory manager policy changes: ${before} → ${after})` });
+  }
+  if (out.length) config.disruptive = `the kubelet's CPU/memory manager policy changes (${before} → ${after})`;
+  return out;
+}
+
+/** Drop-ins of kubelet.service from anyone else: they would override this step's unit. */
+async function planForeignDropIns(host: Host): Promise<FileChange[]> {
+  const out: FileChange[] = [];
+  // On a merged-/usr system /lib is /usr/lib: the same directory once.
+  const libIsLink = (await host.stat("/lib"))?.isSymlink === true;
+  for (const dir of DROP_IN_DIRS) {
+    if (libIsLink && dir.startsWith("/lib/")) continue;
+    const st = await host.stat(dir);
+    if (!st?.isDirectory) continue;
+    for (const name of (await host.listDir(dir)).sort()) {
+      if (!name.endsWith(".conf")) continue;
+      const gone = await planAbsent(host, `${dir}/${name}`);
+      if (gone)
+        out.push({ ...gone, summary: `${gone.summary} (a drop-in this step does not own would override ${UNIT})` });
+    }
+  }
+  return out;
+}
+
+/** The kernel settings file, and loading it when it changed or the kernel has other values. */
+async function planKernelDefaults(host: Host): Promise<Primitive[]> {
+  const file = await planFile(host, { path: SYSCTL_FILE, content: renderSysctl(), mode: 0o644 });
+  const drift: string[] = [];
+  if (!host.sandbox) {
+    for (const [k, v] of Object.entries(KERNEL_DEFAULTS)) {
+      const live = await readFile(`/proc/sys/${k.replaceAll(".", "/")}`, "utf8").catch(() => undefined);
+      if (live !== undefined && live.trim() !== String(v)) drift.push(`${k} is ${live.trim()}`);
+    }
+  }
+  if (!file && drift.length === 0) return [];
+  return [
+    ...(file ? [file] : []),
+    {
+      kind: "command",
+      argv: ["sysctl", "-p", SYSCTL_FILE],
+      recordInSandbox: true,
+      summary: `load ${SYSCTL_FILE}${drift.length ? ` (${drift.join(", ")})` : ""}`,
+    },
+  ];
+}
+
+/** logind's inhibitor delay, and logind told to reload it (as the kubelet itself would). */
+async function planInhibitor(host: Host): Promise<{ changes: Primitive[]; problems: Problem[] }> {
+  const file = await planFile(host, { path: LOGIND_FILE, content: renderLogind(), mode: 0o644 });
+  const logindRuns = host.sandbox || (await unitState(host, LOGIND_UNIT)).active;
+  const problems: Problem[] = logindRuns
+    ? []
+    : [
+        {
+          subject: LOGIND_UNIT,
+          message:
+            "is not running: the kubelet's graceful node shutdown works through logind's inhibitor locks (install or start systemd-logind and dbus), so pods are not stopped before a shutdown",
+        },
+      ];
+  if (!file) return { changes: [], problems };
+  const reload: Primitive = {
+    kind: "command",
+    argv: ["systemctl", "kill", "--signal=SIGHUP", "--", LOGIND_UNIT],
+    recordInSandbox: true,
+    summary: `tell ${LOGIND_UNIT} to reload ${LOGIND_FILE}`,
+  };
+  return { changes: logindRuns ? [file, reload] : [file], problems };
 }
 
 export async function planKubelet(
@@ -224,26 +490,35 @@ export async function planKubelet(
     );
   }
   const stamp = await binaryStamp(host, BIN, spec.package);
-  const facts = o.facts ?? machineFacts();
+  const facts = o.facts ?? (await machineFacts(host, spec));
   const changes: Primitive[] = [];
+  const problems: Problem[] = [];
   for (const dir of ["/etc/kubernetes", "/etc/kubernetes/pki", STATIC_PODS, "/var/lib/kubelet"]) {
     const c = await planDir(host, dir, { mode: 0o755 });
     if (c) changes.push(c);
   }
+  changes.push(...(await planKernelDefaults(host)));
+  const inhibitor = await planInhibitor(host);
+  changes.push(...inhibitor.changes);
+  problems.push(...inhibitor.problems);
   const ca = await planFile(host, {
     path: CA,
     content: o.clusterCA.endsWith("\n") ? o.clusterCA : `${o.clusterCA}\n`,
     mode: 0o644,
   });
   if (ca) changes.push(ca);
+  const nodeIP = await discoveredNodeIP(host);
+  if (nodeIP.problem) problems.push(nodeIP.problem);
   const config = await planFile(host, {
     path: CONFIG,
-    content: renderConfig(spec, facts),
-    mode: 0o644,
+    content: renderConfig(spec, facts, { resolvConf: await resolvConfOf(host) }),
+    // Deckhouse's (CIS): the configuration is root's alone.
+    mode: 0o600,
     check: ["sh", asset("steps/checks/kubelet-config.sh"), host.path(BIN), host.root, "{}"],
   });
-  if (config) changes.push(config);
-  const problems: Problem[] = [];
+  if (config) {
+    changes.push(...(await planManagerReset(host, spec, config)), config);
+  }
   if (!(await host.exists(PATHS.kubeletClientPem))) {
     const token = (await host.readText(PATHS.bootstrapToken, 4096))?.trim();
     if (token) {
@@ -263,8 +538,17 @@ export async function planKubelet(
   }
   const { labels, problems: labelProblems } = registrableLabels(spec);
   problems.push(...labelProblems);
-  const unit = await planUnit(host, UNIT, renderUnit(spec, { stamp, nodeName: o.nodeName, labels }));
-  changes.push(...unit.changes);
+  const dropIns = await planForeignDropIns(host);
+  const unit = await planUnit(host, UNIT, renderUnit(spec, { stamp, nodeName: o.nodeName, labels, nodeIP: nodeIP.ip }));
+  changes.push(...dropIns, ...unit.changes);
+  if (dropIns.length && !unit.changes.some((c) => c.kind === "unit" && c.action === "daemon-reload")) {
+    changes.push({
+      kind: "unit",
+      unit: UNIT,
+      action: "daemon-reload",
+      summary: `systemctl daemon-reload (drop-ins of ${UNIT} removed)`,
+    });
+  }
   return { changes, problems, active: unit.state.active };
 }
 
@@ -275,7 +559,13 @@ const step: Step<"Kubelet"> = {
     if (!p.active && !(await ctx.flags.has(FLAG))) p.changes.push(startByRestart(UNIT, FLAG));
     return { changes: p.changes, problems: p.problems };
   },
-  services: () => [{ unit: UNIT, reads: [CONFIG, BOOTSTRAP_KUBECONFIG, CA, unitPath(UNIT)], onChange: "restart" }],
+  services: () => [
+    {
+      unit: UNIT,
+      reads: [CONFIG, BOOTSTRAP_KUBECONFIG, CA, unitPath(UNIT), ...DROP_IN_DIRS.map((d) => `${d}/`)],
+      onChange: "restart",
+    },
+  ],
 };
 
 export default step;

@@ -29,6 +29,19 @@ export const CONTAINERD_REGISTRY = obj({
 });
 export type ContainerdRegistry = Infer<typeof CONTAINERD_REGISTRY>;
 
+/** http(s)://[user[:password]@]host[:port][/]: what HTTP_PROXY takes. */
+const PROXY_URL = /^https?:\/\/([^\s@/"'\\]+@)?[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:[0-9]{1,5})?\/?$/;
+/** A NO_PROXY entry: a host, a domain (.example.com), an address or a CIDR. */
+const NO_PROXY_ENTRY = /^[A-Za-z0-9.*:/_-]{1,253}$/;
+
+/** The cluster's proxy as containerd's environment gets it (Deckhouse's 002_add_system_proxy). */
+export const CONTAINERD_PROXY = obj({
+  httpProxy: opt(str({ max: 1024, pattern: PROXY_URL, what: "a proxy URL (http://host:port)" })),
+  httpsProxy: opt(str({ max: 1024, pattern: PROXY_URL, what: "a proxy URL (http://host:port)" })),
+  noProxy: arr(str({ pattern: NO_PROXY_ENTRY, what: "a host, domain, address or CIDR" }), { max: 256 }),
+});
+export type ContainerdProxy = Infer<typeof CONTAINERD_PROXY>;
+
 export const containerd = builtinStep({
   name: "032_configure_containerd",
   kind: "Containerd",
@@ -38,6 +51,8 @@ export const containerd = builtinStep({
     snapshotter: str({ pattern: /^[a-z0-9_-]{1,32}$/, what: "a snapshotter name" }),
     maxConcurrentDownloads: int({ min: 1, max: 64 }),
     registries: arr(CONTAINERD_REGISTRY, { max: 32, unique: (r) => r.host }),
+    /** The cluster's HTTP(S) proxy for pulls; absent: none (a drop-in an earlier proxy left is removed). */
+    proxy: opt(CONTAINERD_PROXY),
     /** The registry package that installs containerd: its digest names the binary (a new one restarts it). */
     package: str({ pattern: PACKAGE_NAME, what: "a package name" }),
   }),

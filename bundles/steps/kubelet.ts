@@ -8,12 +8,6 @@ import { apiProxy } from "./kubernetes-api-proxy.ts";
 
 /** A Kubernetes quantity as the kubelet reads it (1.5Gi, 500m, 100Mi, 10). */
 const QUANTITY = /^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|m|k|M|G|T|P)?$/;
-/** An eviction threshold: a quantity or a percentage. */
-const THRESHOLD = /^([0-9]+(\.[0-9]+)?%|[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?)$/;
-const EVICTION_SIGNAL =
-  /^(memory\.available|nodefs\.available|nodefs\.inodesFree|imagefs\.available|imagefs\.inodesFree|containerfs\.available|containerfs\.inodesFree|pid\.available)$/;
-/** A Go duration (1m30s, 90s). */
-const DURATION = /^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$/;
 /** Label keys: an optional DNS-subdomain prefix and a name (Kubernetes' rules, checked again by the kubelet). */
 const LABEL_KEY =
   /^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$/;
@@ -29,9 +23,6 @@ export const NODE_TAINT = obj({
 });
 export type NodeTaint = Infer<typeof NODE_TAINT>;
 
-const thresholds = () =>
-  record(str({ pattern: THRESHOLD, what: "a quantity or a percentage" }), { key: EVICTION_SIGNAL });
-
 export const kubelet = builtinStep({
   name: "064_configure_kubelet",
   kind: "Kubelet",
@@ -39,12 +30,16 @@ export const kubelet = builtinStep({
     cgroupDriver: CGROUP_DRIVER,
     clusterDNS: arr(str({ pattern: IP, what: "an IP address" }), { max: 4 }),
     clusterDomain: str({ max: 253, pattern: DNS_NAME, what: "a DNS domain" }),
+    /** NodeGroup kubelet.maxPods, or what the cluster's pod subnet per node gives room for. */
     maxPods: int({ min: 1, max: 1000 }),
     containerLogMaxSize: str({ pattern: /^[0-9]+(Ki|Mi|Gi)?$/, what: "a size (10Mi)" }),
     containerLogMaxFiles: int({ min: 2, max: 20 }),
-    evictionHard: thresholds(),
-    evictionSoft: thresholds(),
-    evictionSoftGracePeriod: record(str({ pattern: DURATION, what: "a duration (1m30s)" }), { key: EVICTION_SIGNAL }),
+    /** How often the kubelet posts the Node's status (Deckhouse's nodeStatusUpdateFrequency, default 10). */
+    nodeStatusUpdateFrequencySeconds: int({ min: 1, max: 600 }),
+    /** The Node's spec.providerID at registration: `static://` on Static nodes, as Deckhouse sets it. */
+    providerID: opt(
+      str({ max: 256, pattern: /^[a-z][a-z0-9+.-]*:\/\/[A-Za-z0-9._/-]*$/, what: "a provider ID (static://)" }),
+    ),
     resourceReservation: obj({
       mode: oneOf(["Off", "Auto", "Static"] as const),
       static: opt(
@@ -70,10 +65,14 @@ export const kubelet = builtinStep({
     criSocket: opt(str({ max: 256, pattern: ABS_PATH, what: "an absolute path" })),
     /** The kubelet's --root-dir; absent: /var/lib/kubelet. */
     rootDir: opt(str({ max: 256, pattern: ABS_PATH, what: "an absolute path" })),
-    /** Registered with the Node (node.deckhouse.io/group, node.deckhouse.io/type, the NodeGroup's nodeTemplate labels). */
-    nodeLabels: record(str({ max: 63, pattern: LABEL_VALUE, what: "a label value" }), { key: LABEL_KEY }),
-    /** Registered with the Node: node.deckhouse.io/bashible-uninitialized and the nodeTemplate taints. */
-    nodeTaints: arr(NODE_TAINT, { max: 64 }),
+    /**
+     * What the kubelet registers a new Node with, and only that (Deckhouse's 068): the labels
+     * node.deckhouse.io/group and node.deckhouse.io/type, the taint that keeps workloads off
+     * until the first converge finished. The NodeGroup's nodeTemplate is the cluster side's
+     * (it keeps labels, annotations and taints on the Nodes), so editing it restarts no kubelet.
+     */
+    registerLabels: record(str({ max: 63, pattern: LABEL_VALUE, what: "a label value" }), { key: LABEL_KEY }),
+    registerTaints: arr(NODE_TAINT, { max: 8 }),
     /** What the kubelet's kubeconfigs point at: the local API proxy. */
     apiServer: str({ max: 256, pattern: /^https:\/\/[A-Za-z0-9.:[\]-]+$/, what: "https://host:port" }),
     /** The registry package that installs the kubelet: its digest names the binary (a new one restarts it). */
@@ -84,4 +83,6 @@ export const kubelet = builtinStep({
   apiServer: `https://${apiProxy.listen}`,
   /** The taint the kubelet registers the Node with until the first converge finished. */
   uninitializedTaint: { key: NODE_KEYS.uninitializedTaint, effect: "NoSchedule" },
+  /** Graceful node shutdown (Deckhouse's 064): pods get this long, critical pods the last part of it. */
+  shutdownGracePeriod: { total: "2m", criticalPods: "15s", totalSeconds: 120 },
 });

@@ -57,7 +57,11 @@ export interface NodeGroupObject {
     // Read by controllers (or not acted on yet), not by the renderer; NodeGroupConfiguration
     // templates see all of spec under .nodeGroup, as in Deckhouse.
     update?: { maxConcurrent?: number | string };
-    /** Labels and taints: registered by the kubelet (064_configure_kubelet) when it creates the Node. */
+    /**
+     * Kept on the group's Nodes by the cluster side; never in a node's bundle (the kubelet
+     * registers only the group, the node type and the uninitialized taint), so editing it
+     * restarts nothing on the nodes.
+     */
     nodeTemplate?: {
       labels?: Record<string, string>;
       annotations?: Record<string, string>;
@@ -134,6 +138,13 @@ export interface ClusterContext {
   /** The cluster DNS service address(es) and domain the kubelet hands to pods (default 10.222.0.10, cluster.local). */
   clusterDNS?: string[];
   clusterDomain?: string;
+  /**
+   * ClusterConfiguration's pod subnet per node ("24"): the kubelet's maxPods where a NodeGroup
+   * sets none (/24 and narrower 120, /23 250, /22 500, wider 1000). Default 24.
+   */
+  podSubnetNodeCIDRPrefix?: string | number;
+  /** Seconds between the kubelet's Node status updates (Deckhouse's nodeStatusUpdateFrequency, default 10). */
+  nodeStatusUpdateFrequency?: number;
   /** The sandbox (pause) image containerd pins (default registry.k8s.io/pause:3.10). */
   images?: { pause?: string };
   /** Kubelet settings shared by every group. */

@@ -4,7 +4,7 @@
 import { canonicalJson, bundleChecksum } from "../../bundles/checksum.ts";
 import { API_VERSION, CHECKSUM_ANNOTATION } from "../../bundles/types.ts";
 import type { BundleContext, NodeGroupBundle, NodeUserSpec, RegistryPackageRef } from "../../bundles/types.ts";
-import { CLEANUP_PATHS, defaultPackageRepository, NODE_USERS } from "../../bundles/paths.ts";
+import { CLEANUP_EMPTY_DIRS, CLEANUP_PATHS, defaultPackageRepository, NODE_USERS } from "../../bundles/paths.ts";
 import { BUILTIN_STEP_NAMES, CLEANUP_UNITS } from "../../bundles/steps/index.ts";
 import { catalogueSteps, type ScriptInput, scriptStepName, StepNameClashError } from "./catalogue.ts";
 import { RenderError } from "./errors.ts";
@@ -240,6 +240,7 @@ export function renderGroup(ng: NodeGroupObject, inputs: RenderInputs, nowMs: nu
     nodeGroup: group,
     units: CLEANUP_UNITS.join(" "),
     paths: CLEANUP_PATHS,
+    emptyDirs: CLEANUP_EMPTY_DIRS.join(" "),
     // GECOS of users the NodeUsers step creates: cleanup removes only those.
     userMarker: NODE_USERS.marker,
   });

@@ -143,7 +143,12 @@ t.test(
       );
       t.equal(node?.metadata.labels?.[NODE_KEYS.group], GROUP, "the Node carries the group label");
       t.equal(node?.metadata.labels?.[NODE_KEYS.nodeType], "Static", "and the node type");
-      t.equal(node?.metadata.labels?.["e2e.bashible.test/role"], "worker", "and the NodeGroup's template labels");
+      const unit = await sh("cat /etc/systemd/system/kubelet.service");
+      t.notMatch(
+        unit,
+        "e2e.bashible.test/role",
+        "the NodeGroup's template is not the kubelet's (the cluster side keeps it)",
+      );
 
       const st = await status();
       t.equal(st.lastRun?.outcome, "applied", "the first converge applied the bundle");
@@ -268,6 +273,31 @@ t.test(
         );
         t.match(log, "hello from hello", "kubectl logs: the container ran its command");
         t.match(await cp.kubectl(["exec", "hello", "--", "cat", "/proc/1/cmdline"]), "sleep", "kubectl exec");
+        // /etc/crictl.yaml (032) names containerd's socket: crictl needs no flags.
+        t.match(
+          await sh("/opt/deckhouse/bin/crictl ps --name hello -o json"),
+          /"name": "hello"/,
+          "crictl works without flags",
+        );
+        // Graceful node shutdown: the kubelet holds logind's delay lock, within the delay 064 gave
+        // logind (the kubelet did not have to write its own 99-kubelet.conf to get it).
+        t.match(
+          await sh("systemd-inhibit --list --no-pager --no-legend"),
+          /kubelet.*shutdown.*Kubelet needs time to handle node shutdown.*delay/,
+          "the kubelet holds a shutdown delay inhibitor",
+        );
+        t.match(
+          await sh(
+            "busctl get-property org.freedesktop.login1 /org/freedesktop/login1 org.freedesktop.login1.Manager InhibitDelayMaxUSec",
+          ),
+          /^t 120000000$/m,
+          "logind waits up to the kubelet's 2 minutes",
+        );
+        t.equal(
+          (await machine.exec(["test", "-e", "/etc/systemd/logind.conf.d/99-kubelet.conf"])).exitCode,
+          1,
+          "and the kubelet did not need to rewrite logind's configuration",
+        );
         const serving = await cp.admin.request<{
           items: { spec: { username: string; signerName: string }; status: { conditions?: { type: string }[] } }[];
         }>("GET", "/apis/certificates.k8s.io/v1/certificatesigningrequests");

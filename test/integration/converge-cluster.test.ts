@@ -135,6 +135,33 @@ t.test("a later run with changes waits for update approval; the first run does n
   t.equal(st.lastRun.outcome, "waiting-approval");
 });
 
+t.test("the first run reboots when a script asks (a kernel update), without waiting for approval", async (t) => {
+  const n = await node("conv-5");
+  const b = makeBundle([script("050_kernel", 'echo updated > "$BASHIBLE_ROOT/kernel"; bb-flag-set reboot')]);
+  const file = await writeBundle(n.root, b, `../b-${n.name}.json`);
+  const r = await bashible([
+    "once",
+    "--root",
+    n.root,
+    "--bundle",
+    file,
+    "--kubeconfig",
+    n.kubeconfig,
+    "--approval-timeout",
+    "1",
+  ]);
+  t.equal(r.status, 0, r.stdout + r.stderr);
+  t.match(
+    await readFile(path.join(n.root, "var/lib/bashible/sandbox-actions.log"), "utf8"),
+    /reboot/,
+    "rebooted (recorded in the sandbox), as Deckhouse's 099_reboot does on the first run",
+  );
+  const a = await annotations(n.name);
+  t.notOk("update.node.deckhouse.io/disruption-required" in a, "provisioning asks nobody");
+  t.notOk("node.deckhouse.io/configuration-checksum" in a, "the run after the reboot says it is done");
+  await t.rejects(readFile(path.join(n.root, "var/lib/bashible/.bb-workspace/flag/reboot")), { code: "ENOENT" });
+});
+
 t.test("the reboot annotation reboots only after disruption approval, then is cleared", async (t) => {
   const n = await node("conv-4");
   const file = await writeBundle(n.root, makeBundle([step("one")]), `../b-${n.name}.json`);

@@ -16,6 +16,7 @@ import { CRICTL, startContainerd } from "../fixtures/containerd.ts";
 import { containerd2 } from "../lib/containerd2.ts";
 import { PATHS } from "../../bundles/paths.ts";
 import type { BundleStep, ContainerdSpec } from "../../bundles/types.ts";
+import { PROXY_DROP_IN } from "../../steps/containerd.ts";
 
 const DEBIAN_CONTAINERD = "/usr/bin/containerd";
 const missing = [DEBIAN_CONTAINERD, CRICTL, "/usr/bin/systemd-analyze", "/etc/containerd"].filter(
@@ -162,7 +163,13 @@ t.test(
     const text = await readFile(path.join(env.root, PATHS.containerdConfig), "utf8");
     t.match(text, /^version = 2$/m, "containerd 1.x: configuration version 2");
     t.match(text, /SystemdCgroup = true/);
-    t.match(text, /imports = \["\/etc\/containerd\/conf\.d\/\*\.toml"\]/);
+    t.match(text, /device_ownership_from_security_context = true/, "Deckhouse's CRI settings");
+    t.notMatch(text, /^imports/m, "fragments are merged in, not imported");
+    t.equal(
+      await readFile(path.join(env.root, "etc/crictl.yaml"), "utf8"),
+      "# Managed by bashible (032_configure_containerd).\nruntime-endpoint: unix:///run/containerd/containerd.sock\nimage-endpoint: unix:///run/containerd/containerd.sock\ntimeout: 2\ndebug: false\npull-image-on-create: false\n",
+      "crictl finds containerd without flags",
+    );
     t.match(
       await readFile(path.join(env.root, PATHS.containerdRegistryDir, "registry.example.test/hosts.toml"), "utf8"),
       `[host."${mirror.url}"]`,
@@ -184,6 +191,11 @@ t.test(
     t.equal(cfg.registry.configPath, PATHS.containerdRegistryDir);
     t.equal(cfg.containerd.snapshotter, "overlayfs");
     t.equal(cfg.containerd.runtimes.runc.options.SystemdCgroup, true, "the kubelet's cgroup driver");
+    t.equal(
+      (info.config as { device_ownership_from_security_context?: boolean }).device_ownership_from_security_context,
+      true,
+      "devices get the pod's runAsUser/runAsGroup",
+    );
     await ctd.crictl(["pull", `${host}/${privateImage}`]);
     t.ok(registry.auth!.tokensIssued() > 0, "pulled with the bundle's credentials (token flow)");
     await ctd.crictl(["pull", `registry.example.test/${mirroredImage}`]);
@@ -232,6 +244,125 @@ t.test("containerd: restarts only when what it reads changed; Deckhouse's flag i
   t.equal(await restarts(), 3, "once");
 });
 
+t.test(
+  "containerd 1: a conf.d fragment is merged key by key (Deckhouse's registry-auth recipe keeps the CRI settings)",
+  { skip },
+  async (t) => {
+    const env = await tree(t);
+    const step = bundleStep(
+      baseSpec({ registries: [{ host: "registry.example.test", scheme: "https", mirrors: [] }] }),
+    );
+    t.equal((await env.apply(step)).outcome, "changed");
+    const restarts = async () => (await actions(env)).filter((a) => a.includes("restart")).length;
+    // What Deckhouse's documentation has a NodeGroupConfiguration write for another registry's
+    // credentials (weight below 32, so 032 merges it in the same run).
+    const auth = Buffer.from("team:fragment-secret-42").toString("base64");
+    await writeFile(
+      path.join(env.root, PATHS.containerdConfD, "additional_registry.toml"),
+      `[plugins]\n  [plugins."io.containerd.grpc.v1.cri"]\n    max_concurrent_downloads = 7\n    [plugins."io.containerd.grpc.v1.cri".registry.configs."other.example.test".auth]\n      auth = "${auth}"\n`,
+    );
+    await writeFile(
+      path.join(env.root, PATHS.containerdConf2D, "v2-only.toml"),
+      "this is not read by containerd 1\n",
+    ).catch(async () => {
+      await mkdir(path.join(env.root, PATHS.containerdConf2D), { recursive: true });
+      await writeFile(
+        path.join(env.root, PATHS.containerdConf2D, "v2-only.toml"),
+        "this is not read by containerd 1\n",
+      );
+    });
+    const plan = (await env.planRun([step]))[0]!;
+    const config = plan.changes.find((c) => c.kind === "file" && c.path === PATHS.containerdConfig);
+    t.match(
+      config?.kind === "file" && config.diff,
+      /\+.*merged: \/etc\/containerd\/conf\.d\/additional_registry\.toml/,
+    );
+    t.notMatch(
+      JSON.stringify(plan.changes.map((c) => ({ ...c, content: undefined }))),
+      /fragment-secret|ZnJhZ21lbnQtc2VjcmV0/,
+      "the fragment's credentials are in no plan",
+    );
+    t.match(
+      plan.changes.find((c) => c.kind === "service"),
+      { why: [PATHS.containerdConfig] },
+    );
+    t.equal((await env.apply(step)).outcome, "changed");
+    t.equal(await restarts(), 2, "restarted once for the merged configuration");
+    const text = await readFile(path.join(env.root, PATHS.containerdConfig), "utf8");
+    t.match(text, /max_concurrent_downloads = 7/, "the fragment's value wins");
+    t.match(text, /sandbox_image = "registry\.example\.test\/pause:3\.10"/, "the bundle's CRI settings stay");
+    t.match(text, /config_path = "\/etc\/containerd\/registry\.d"/);
+    const ctd = await startContainerd(path.join(env.root, PATHS.binDir, "containerd"), env.root);
+    t.teardown(() => ctd.stop());
+    const info = JSON.parse(await ctd.crictl(["info"])) as {
+      config: { sandboxImage: string; maxConcurrentDownloads: number; registry: { configs?: Record<string, unknown> } };
+    };
+    t.equal(
+      info.config.sandboxImage,
+      "registry.example.test/pause:3.10",
+      "containerd serves the bundle's sandbox image",
+    );
+    t.equal(info.config.maxConcurrentDownloads, 7, "and the fragment's setting");
+    t.ok(info.config.registry.configs?.["other.example.test"], "and the fragment's registry credentials");
+    await ctd.stop();
+    t.same((await env.plan(step)).changes, [], "merged: a second run plans nothing");
+
+    // A fragment with registry mirrors: containerd refuses them beside config_path.
+    await writeFile(
+      path.join(env.root, PATHS.containerdConfD, "mirror.toml"),
+      '[plugins."io.containerd.grpc.v1.cri".registry.mirrors."docker.io"]\n  endpoint = ["https://mirror.example.test"]\n',
+    );
+    const refused = await env.apply(step);
+    t.equal(refused.outcome, "failed");
+    t.match(refused.error, /mirror\.toml sets registry mirrors.*registry\.d\/<host>\/hosts\.toml/);
+    t.equal(await readFile(path.join(env.root, PATHS.containerdConfig), "utf8"), text, "config.toml stays");
+    await writeFile(path.join(env.root, PATHS.containerdConfD, "mirror.toml"), "max_concurrent_downloads = [\n");
+    t.match(
+      (await env.apply(step)).error,
+      /mirror\.toml: line \d+: .*fix or remove the fragment/,
+      "one that does not parse too",
+    );
+  },
+);
+
+t.test("containerd: the cluster's proxy reaches containerd through Deckhouse's drop-in", { skip }, async (t) => {
+  const env = await tree(t);
+  const proxy = {
+    httpProxy: "http://proxy.example.test:3128",
+    noProxy: ["127.0.0.1", "169.254.169.254", "cluster.local", ".corp"],
+  };
+  const step = bundleStep(baseSpec({ proxy }));
+  t.equal((await env.apply(step)).outcome, "changed");
+  const dropIn = path.join(env.root, "etc/systemd/system/containerd-deckhouse.service.d/proxy-environment.conf");
+  t.equal(
+    await readFile(dropIn, "utf8"),
+    '# Managed by bashible (032_configure_containerd): pulls go through the cluster\'s proxy.\n[Service]\nEnvironment="HTTP_PROXY=http://proxy.example.test:3128" "http_proxy=http://proxy.example.test:3128" "NO_PROXY=127.0.0.1,169.254.169.254,cluster.local,.corp" "no_proxy=127.0.0.1,169.254.169.254,cluster.local,.corp"\n',
+  );
+  const before = (await actions(env)).length;
+  const other = bundleStep(
+    baseSpec({ proxy: { ...proxy, httpProxy: "http://user:pr0xy-pass@proxy2.example.test:3128" } }),
+  );
+  const plan = (await env.planRun([other]))[0]!;
+  t.match(
+    plan.changes.find((c) => c.kind === "service"),
+    { why: [PROXY_DROP_IN] },
+    "a new proxy restarts containerd",
+  );
+  t.notMatch(
+    JSON.stringify(plan.changes.map((c) => ({ ...c, content: undefined }))),
+    /pr0xy-pass/,
+    "its password is in no plan",
+  );
+  await env.apply(other);
+  t.same((await actions(env)).slice(before), [
+    "systemctl daemon-reload",
+    "systemctl restart containerd-deckhouse.service",
+  ]);
+  t.equal((await stat(dropIn)).mode & 0o777, 0o600, "credentials: root only");
+  await env.apply(bundleStep(baseSpec()));
+  t.notOk(existsSync(dropIn), "no proxy any more: the drop-in goes");
+});
+
 const containerd2Bin = skip ? undefined : await containerd2((s) => console.error(s));
 t.test(
   "containerd 2: configuration version 3 is checked and loads; a major-version change is disruptive",
@@ -260,7 +391,7 @@ t.test(
     t.match(text, /^version = 3$/m);
     t.match(
       text,
-      /\[plugins\."io\.containerd\.cri\.v1\.images"\.pinned_images\]\n {4}sandbox = "registry\.example\.test\/pause:3\.10"/,
+      /\[plugins\."io\.containerd\.cri\.v1\.images"\.pinned_images\]\n {6}sandbox = "registry\.example\.test\/pause:3\.10"/,
     );
     const ctd = await startContainerd(path.join(env.root, PATHS.binDir, "containerd"), env.root);
     t.teardown(() => ctd.stop());

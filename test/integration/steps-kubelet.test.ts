@@ -1,11 +1,12 @@
-// The kubelet steps in a sandbox tree with the pinned kubelet binary: the configuration is
-// validated by that kubelet before it is installed (a refused one never is), the unit passes
-// systemd-analyze verify and carries the node's labels and taints, the bootstrap token stays out
+// The kubelet steps in a sandbox tree with the pinned kubelet binary: Deckhouse's configuration
+// is validated by that kubelet before it is installed (a refused one never is), the unit passes
+// systemd-analyze verify and carries the registration labels and taint and the discovered node
+// address, a drop-in this step does not own is removed in the plan, the bootstrap token stays out
 // of plans, the engine restarts the kubelet only when what it reads changed (configuration, CA,
-// bootstrap kubeconfig, unit, binary), and 069 waits for the client certificate or says what to
-// check.
+// bootstrap kubeconfig, unit, drop-ins, binary), and 069 waits for the client certificate or says
+// what to check.
 import t, { type Test } from "tap";
-import { copyFile, link, mkdir, mkdtemp, readFile, rm, symlink, writeFile } from "node:fs/promises";
+import { copyFile, link, mkdir, mkdtemp, readFile, rm, stat, symlink, writeFile } from "node:fs/promises";
 import { existsSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -31,16 +32,15 @@ const spec = (over: Partial<KubeletSpec> = {}): KubeletSpec => ({
   cgroupDriver: "systemd",
   clusterDNS: ["10.222.0.10"],
   clusterDomain: "cluster.local",
-  maxPods: 110,
+  maxPods: 120,
   containerLogMaxSize: "50Mi",
   containerLogMaxFiles: 4,
-  evictionHard: { "memory.available": "1%", "nodefs.available": "5%" },
-  evictionSoft: { "memory.available": "2%" },
-  evictionSoftGracePeriod: { "memory.available": "1m30s" },
+  nodeStatusUpdateFrequencySeconds: 10,
+  providerID: "static://",
   resourceReservation: { mode: "Auto" },
   featureGates: {},
-  nodeLabels: { "node.deckhouse.io/group": "worker", "node.deckhouse.io/type": "Static", "example.com/team": "a" },
-  nodeTaints: [{ key: "node.deckhouse.io/bashible-uninitialized", effect: "NoSchedule" }],
+  registerLabels: { "node.deckhouse.io/group": "worker", "node.deckhouse.io/type": "Static" },
+  registerTaints: [{ key: "node.deckhouse.io/bashible-uninitialized", effect: "NoSchedule" }],
   apiServer: "https://127.0.0.1:6445",
   package: "kubelet",
   ...over,
@@ -77,13 +77,17 @@ t.test("kubelet: from scratch, validated by the kubelet, restarted only for what
   t.same(
     plan.changes.map(
       (c) =>
-        `${c.kind} ${"path" in c ? c.path : "unit" in c ? `${c.unit} ${c.action}` : c.kind === "flag" ? c.name : ""}`,
+        `${c.kind} ${"path" in c ? c.path : "unit" in c ? `${c.unit} ${c.action}` : c.kind === "flag" ? c.name : c.kind === "command" ? c.argv.join(" ") : ""}`,
     ),
     [
       "dir /etc/kubernetes",
       "dir /etc/kubernetes/pki",
       "dir /etc/kubernetes/manifests",
       "dir /var/lib/kubelet",
+      "file /etc/sysctl.d/90-bashible-kubelet.conf",
+      "command sysctl -p /etc/sysctl.d/90-bashible-kubelet.conf",
+      "file /etc/systemd/logind.conf.d/90-bashible-kubelet.conf",
+      "command systemctl kill --signal=SIGHUP -- systemd-logind.service",
       "file /etc/kubernetes/pki/ca.crt",
       "file /var/lib/kubelet/config.yaml",
       "file /etc/kubernetes/bootstrap-kubelet.conf",
@@ -102,28 +106,62 @@ t.test("kubelet: from scratch, validated by the kubelet, restarted only for what
   t.equal(applied.outcome, "changed", applied.error ?? "");
   t.same(
     await actions(env),
-    ["systemctl daemon-reload", "systemctl restart kubelet.service"],
-    "started by one restart",
+    [
+      "sysctl -p /etc/sysctl.d/90-bashible-kubelet.conf",
+      "systemctl kill --signal=SIGHUP -- systemd-logind.service",
+      "systemctl daemon-reload",
+      "systemctl restart kubelet.service",
+    ],
+    "the kernel settings and logind's delay first, then the kubelet started by one restart",
   );
-  const config = parse(await readFile(path.join(env.root, PATHS.kubeletConfig), "utf8")) as Record<string, unknown>;
-  t.equal(config.cgroupDriver, "systemd");
-  t.same(config.clusterDNS, ["10.222.0.10"]);
-  t.equal(config.maxPods, 110);
-  t.equal(config.containerRuntimeEndpoint, "unix:///run/containerd/containerd.sock");
-  t.match(config.systemReserved, { cpu: /^\d+m$/, memory: /^\d+Mi$/ }, "Auto reservation from the machine's size");
+  const live = await readFile(path.join(env.root, PATHS.kubeletConfig), "utf8");
+  t.equal((await stat(path.join(env.root, PATHS.kubeletConfig))).mode & 0o777, 0o600, "root's alone (CIS)");
+  const config = parse(live) as Record<string, unknown>;
+  t.match(config, {
+    cgroupDriver: "systemd",
+    clusterDNS: ["10.222.0.10"],
+    maxPods: 120,
+    containerRuntimeEndpoint: "unix:///run/containerd/containerd.sock",
+    providerID: "static://",
+    protectKernelDefaults: true,
+    allowedUnsafeSysctls: ["net.*"],
+    shutdownGracePeriod: "2m",
+    shutdownGracePeriodCriticalPods: "15s",
+    imageGCHighThresholdPercent: 70,
+    imageGCLowThresholdPercent: 65,
+    nodeStatusUpdateFrequency: "10s",
+    resolvConf: "/etc/resolv.conf",
+    featureGates: { RotateKubeletServerCertificate: true },
+  });
+  t.match(
+    config.systemReserved,
+    { cpu: "70m", memory: /^\d+$/, "ephemeral-storage": "1Gi" },
+    "Auto: Deckhouse's reservation, memory in bytes",
+  );
+  t.match(config.evictionHard, { "memory.available": /^\d+$/, "nodefs.available": /^(5%|20G)$/ });
   if (!existsSync("/sys/fs/cgroup/cgroup.controllers")) t.equal(config.failCgroupV1, false, "cgroup v1 machine");
+  t.match(
+    await readFile(path.join(env.root, "etc/sysctl.d/90-bashible-kubelet.conf"), "utf8"),
+    /^kernel\.panic = 10$/m,
+  );
+  t.match(
+    await readFile(path.join(env.root, "etc/systemd/logind.conf.d/90-bashible-kubelet.conf"), "utf8"),
+    /^InhibitDelayMaxSec=120$/m,
+    "logind lets the kubelet hold shutdown for its whole grace period",
+  );
   const kubeconfig = await readFile(path.join(env.root, PATHS.kubeletBootstrapKubeconfig), "utf8");
   t.match(kubeconfig, `token: ${TOKEN}`);
   t.match(kubeconfig, "server: https://127.0.0.1:6445");
   const unit = await readFile(path.join(env.root, "etc/systemd/system/kubelet.service"), "utf8");
-  t.match(unit, "--node-labels=example.com/team=a,node.deckhouse.io/group=worker,node.deckhouse.io/type=Static");
+  t.match(unit, "--node-labels=node.deckhouse.io/group=worker,node.deckhouse.io/type=Static");
   t.match(unit, "--register-with-taints=node.deckhouse.io/bashible-uninitialized:NoSchedule");
   t.match(unit, "--hostname-override=worker-1");
+  t.notMatch(unit, "--node-ip", "no address discovered: the kubelet picks its own");
   t.match(unit, `# Binary: package kubelet sha256:${"1".repeat(64)}`);
 
   t.same((await env.plan(first, o)).changes, [], "a second run plans nothing");
   t.equal((await env.apply(first, o)).outcome, "unchanged");
-  t.equal((await actions(env)).length, 2, "and restarts nothing");
+  t.equal((await actions(env)).length, 4, "and restarts nothing");
 
   const whyRestart = async (s: BundleStep) => {
     const svc = (await env.planRun([s], o))[0]!.changes.find((c) => c.kind === "service");
@@ -132,29 +170,76 @@ t.test("kubelet: from scratch, validated by the kubelet, restarted only for what
   const more = kubeletStep(spec({ maxPods: 42 }));
   t.same(await whyRestart(more), [PATHS.kubeletConfig], "maxPods: the configuration");
   await env.apply(more, o);
-  t.same((await actions(env)).slice(2), ["systemctl restart kubelet.service"]);
+  t.same((await actions(env)).slice(4), ["systemctl restart kubelet.service"]);
 
-  const relabel = kubeletStep(spec({ maxPods: 42, nodeLabels: { ...spec().nodeLabels, "example.com/team": "b" } }));
-  t.same(await whyRestart(relabel), ["/etc/systemd/system/kubelet.service"], "labels: the unit");
-  await env.apply(relabel, o);
-  t.same((await actions(env)).slice(3), ["systemctl daemon-reload", "systemctl restart kubelet.service"]);
+  // 000_discover_node_ip (Deckhouse's name and file) found the node's address.
+  await writeFile(path.join(env.root, PATHS.discoveredNodeIP), "10.1.2.3\n");
+  t.same(await whyRestart(more), ["/etc/systemd/system/kubelet.service"], "a discovered address: the unit");
+  await env.apply(more, o);
+  const withIP = await readFile(path.join(env.root, "etc/systemd/system/kubelet.service"), "utf8");
+  t.match(withIP, "--node-ip=10.1.2.3");
+  t.match(withIP, "--address=10.1.2.3");
+  await writeFile(path.join(env.root, PATHS.discoveredNodeIP), "not-an-address\n");
+  const bad = await env.plan(more, o);
+  t.match(bad.problems, [{ subject: PATHS.discoveredNodeIP, message: /not an IP address/ }]);
+  await writeFile(path.join(env.root, PATHS.discoveredNodeIP), "10.1.2.3\n");
+  t.same((await env.plan(more, o)).changes, [], "converged again");
 
   await writeFile(path.join(env.root, PATHS.packageStore, "kubelet/digest"), `sha256:${"2".repeat(64)}\n`);
-  t.same(
-    await whyRestart(relabel),
-    ["/etc/systemd/system/kubelet.service"],
-    "a new kubelet package: the unit names it",
-  );
-  await env.apply(relabel, o);
+  t.same(await whyRestart(more), ["/etc/systemd/system/kubelet.service"], "a new kubelet package: the unit names it");
+  await env.apply(more, o);
   t.equal((await actions(env)).filter((a) => a.includes("restart")).length, 4);
 
   // The kubelet refuses a feature gate it does not know: the candidate is never installed.
-  const live = await readFile(path.join(env.root, PATHS.kubeletConfig), "utf8");
+  const before = await readFile(path.join(env.root, PATHS.kubeletConfig), "utf8");
   const r = await env.apply(kubeletStep(spec({ maxPods: 42, featureGates: { NoSuchGate: true } })), o);
   t.equal(r.outcome, "failed");
   t.match(r.error, /kubelet refused the configuration: .*unrecognized feature gate: NoSuchGate/);
-  t.equal(await readFile(path.join(env.root, PATHS.kubeletConfig), "utf8"), live, "the live configuration stays");
+  t.equal(await readFile(path.join(env.root, PATHS.kubeletConfig), "utf8"), before, "the live configuration stays");
   t.equal((await actions(env)).filter((a) => a.includes("restart")).length, 4, "nothing restarted");
+});
+
+t.test("kubelet: a drop-in Deckhouse left would override the unit: it is removed, in the plan", { skip }, async (t) => {
+  const { env, ca } = await tree(t);
+  const o = { context: { clusterCA: ca } };
+  const s = kubeletStep(spec());
+  t.equal((await env.apply(s, o)).outcome, "changed");
+  const dropIn = path.join(env.root, "etc/systemd/system/kubelet.service.d/10-deckhouse.conf");
+  await mkdir(path.dirname(dropIn), { recursive: true });
+  await writeFile(
+    dropIn,
+    "[Service]\nExecStart=\nExecStart=/opt/deckhouse/bin/d8-kubelet-forker /opt/deckhouse/bin/kubelet\n",
+  );
+  const plan = (await env.planRun([s], o))[0]!;
+  const del = plan.changes.find((c) => c.kind === "file" && c.action === "delete");
+  t.match(del, {
+    path: "/etc/systemd/system/kubelet.service.d/10-deckhouse.conf",
+    diff: /-ExecStart=\/opt\/deckhouse\/bin\/d8-kubelet-forker/,
+  });
+  t.ok(
+    plan.changes.some((c) => c.kind === "unit" && c.action === "daemon-reload"),
+    "systemd forgets it",
+  );
+  const svc = plan.changes.find((c) => c.kind === "service");
+  t.match(svc, { action: "restart", why: ["/etc/systemd/system/kubelet.service.d/10-deckhouse.conf"] });
+  const before = (await actions(env)).length;
+  t.equal((await env.apply(s, o)).outcome, "changed");
+  t.notOk(existsSync(dropIn), "removed");
+  t.same((await actions(env)).slice(before), ["systemctl daemon-reload", "systemctl restart kubelet.service"]);
+  t.same((await env.plan(s, o)).changes, [], "and then nothing");
+});
+
+t.test("kubelet: systemd-resolved's upstream list where /etc/resolv.conf is its stub", { skip }, async (t) => {
+  const { env, ca } = await tree(t);
+  const o = { context: { clusterCA: ca } };
+  await mkdir(path.join(env.root, "run/systemd/resolve"), { recursive: true });
+  await writeFile(path.join(env.root, "run/systemd/resolve/stub-resolv.conf"), "nameserver 127.0.0.53\n");
+  await writeFile(path.join(env.root, "run/systemd/resolve/resolv.conf"), "nameserver 192.0.2.53\n");
+  await rm(path.join(env.root, "etc/resolv.conf"), { force: true });
+  await symlink("../run/systemd/resolve/stub-resolv.conf", path.join(env.root, "etc/resolv.conf"));
+  t.equal((await env.apply(kubeletStep(spec()), o)).outcome, "changed");
+  const config = parse(await readFile(path.join(env.root, PATHS.kubeletConfig), "utf8")) as Record<string, unknown>;
+  t.equal(config.resolvConf, "/run/systemd/resolve/resolv.conf", "pods get the upstream servers, not 127.0.0.53");
 });
 
 t.test("kubelet: a joined kubelet keeps its credentials; labels it may not set are reported", { skip }, async (t) => {
@@ -163,7 +248,9 @@ t.test("kubelet: a joined kubelet keeps its credentials; labels it may not set a
   await mkdir(path.join(env.root, "var/lib/kubelet/pki"), { recursive: true });
   await writeFile(path.join(env.root, "var/lib/kubelet/pki/kubelet-client-2026.pem"), "cert");
   await symlink("kubelet-client-2026.pem", path.join(env.root, PATHS.kubeletClientPem));
-  const s = kubeletStep(spec({ nodeLabels: { "node-role.kubernetes.io/worker": "", "node.kubernetes.io/pool": "a" } }));
+  const s = kubeletStep(
+    spec({ registerLabels: { "node-role.kubernetes.io/worker": "", "node.kubernetes.io/pool": "a" } }),
+  );
   const plan = await env.plan(s, o);
   t.notOk(
     plan.changes.some((c) => c.kind === "file" && c.path === PATHS.kubeletBootstrapKubeconfig),
@@ -226,9 +313,42 @@ t.test(
       seccompDefault: true,
       topologyManagerPolicy: "best-effort",
       topologyManagerScope: "pod",
+      cpuManagerPolicy: "static",
+      memoryManagerPolicy: "Static",
+      featureGates: { MemoryManager: true },
       memorySwap: { swapBehavior: "LimitedSwap" },
       failSwapOn: false,
       containerRuntimeEndpoint: "unix:///run/crio/crio.sock",
     });
+    const reserved = config as { systemReserved: { memory: string }; evictionHard: Record<string, string> };
+    t.same(
+      (config as { reservedMemory: unknown }).reservedMemory,
+      [
+        {
+          numaNode: 0,
+          limits: {
+            memory: String(Number(reserved.systemReserved.memory) + Number(reserved.evictionHard["memory.available"])),
+          },
+        },
+      ],
+      "NUMA node 0 holds back exactly what the kubelet reserves: the system's share and the hard eviction threshold",
+    );
+    t.match(reserved.evictionHard, { "imagefs.available": "5%" }, "no containerd of ours: imagefs in percent");
+
+    // The managers refuse a checkpoint of another policy: turning the topology manager off
+    // removes their checkpoints with the configuration change, and asks for disruption approval.
+    const root = path.join(env.root, "var/lib/kubelet");
+    await writeFile(path.join(root, "cpu_manager_state"), '{"policyName":"static"}');
+    await writeFile(path.join(root, "memory_manager_state"), '{"policyName":"Static"}');
+    const off = kubeletStep(spec({ criSocket: "/run/crio/crio.sock" }));
+    const plan = await env.plan(off, { context: { clusterCA: ca } });
+    const config2 = plan.changes.find((c) => c.kind === "file" && c.path === PATHS.kubeletConfig);
+    t.match(config2?.disruptive, /CPU\/memory manager policy changes \(static\/Static → none\/None\)/);
+    t.same(
+      plan.changes.filter((c) => c.kind === "file" && c.action === "delete").map((c) => "path" in c && c.path),
+      ["/var/lib/kubelet/cpu_manager_state", "/var/lib/kubelet/memory_manager_state"],
+    );
+    t.equal((await env.apply(off, { context: { clusterCA: ca } })).outcome, "changed");
+    t.notOk(existsSync(path.join(root, "cpu_manager_state")), "the checkpoint is gone");
   },
 );

@@ -4,7 +4,8 @@
 import t from "tap";
 import { kubeletMaySetLabel } from "../../bundles/names.ts";
 import type { ContainerdSpec } from "../../bundles/types.ts";
-import { autoReservation, renderUnit as kubeletUnit } from "../../steps/kubelet.ts";
+import { renderUnit as kubeletUnit } from "../../steps/kubelet.ts";
+import { autoReservedMemoryBytes } from "../../steps/lib/kubelet-sizing.ts";
 import {
   canLowerOomScores,
   credentials,
@@ -15,13 +16,13 @@ import { renderConfig as proxyConfig } from "../../steps/kubernetes-api-proxy.ts
 
 const GI = 1024 ** 3;
 
-t.test("Auto reservation grows with the machine, by grades", async (t) => {
-  t.same(autoReservation({ cgroupV1: false, memoryBytes: 0.5 * GI, cpus: 1 }), { cpu: "60m", memory: "255Mi" });
-  // 25 % of 4 GiB + 20 % of the next 4 GiB = 1.8 GiB; CPU 60 + 10 + 5 + 5 millicores.
-  t.same(autoReservation({ cgroupV1: false, memoryBytes: 8 * GI, cpus: 4 }), { cpu: "80m", memory: "1844Mi" });
-  const big = autoReservation({ cgroupV1: false, memoryBytes: 256 * GI, cpus: 64 });
-  t.equal(big.cpu, "230m", "0.25 % per core above four");
-  t.equal(big.memory, `${Math.ceil((0.25 * 4 + 0.2 * 4 + 0.1 * 8 + 0.06 * 112 + 0.02 * 128) * 1024)}Mi`);
+t.test("Auto reservation is Deckhouse's: 831 Mi of 16 GiB, 1814 Mi of 64 GiB, in bytes", async (t) => {
+  const mi = (gib: number) => autoReservedMemoryBytes(gib * GI) / 2 ** 20;
+  t.equal(Math.round(mi(16)), 831);
+  t.equal(Math.round(mi(64)), 1814);
+  t.equal(autoReservedMemoryBytes(16 * GI), 871114998, "awk's six digits, then Decimal's rounding");
+  t.equal(autoReservedMemoryBytes(2 * GI), Math.round(2048 * 0.08 * 2 ** 20), "8 % below 4 GiB");
+  t.ok(mi(256) > mi(128) && mi(128) > mi(64), "grows with the machine");
 });
 
 t.test("the kubelet may register its own labels, not the cluster's kubernetes.io ones", async (t) => {
@@ -66,23 +67,31 @@ t.test("containerd 1.x gets configuration version 2, 2.x version 3", async (t) =
   t.match(v2, /max_concurrent_downloads = 5/);
   const v3 = containerdConfig(spec, { major: 2, minor: 1, text: "2.1.4" });
   t.match(v3, /^version = 3$/m);
-  t.match(v3, /\[plugins\."io\.containerd\.cri\.v1\.images"\.pinned_images\]\n {4}sandbox = /);
+  t.match(v3, /\[plugins\."io\.containerd\.cri\.v1\.images"\.pinned_images\]\n {6}sandbox = /);
   t.match(v3, /bin_dirs = \["\/opt\/cni\/bin"\]/, "2.1 reads bin_dirs");
   t.match(containerdConfig(spec, { major: 2, minor: 0, text: "2.0.5" }), /bin_dir = "\/opt\/cni\/bin"/, "2.0 bin_dir");
-  t.notMatch(v3, /grpc\.v1\.cri/);
+  t.notMatch(v3, /sandbox_image/, "version 3 pins the sandbox image instead");
+  t.notMatch(v3, /grpc\.v1\.cri"\.registry/, "and keeps registries in the images plugin");
 });
 
 t.test("where CAP_SYS_RESOURCE is missing, containerd keeps OOM scores at or above its own", async (t) => {
   const v1 = { major: 1, minor: 6, text: "1.6.20" };
   const v2 = { major: 2, minor: 1, text: "2.1.4" };
-  t.notMatch(containerdConfig(spec, v1), /restrict_oom_score_adj/, "a machine that may lower scores: nothing added");
+  t.match(
+    containerdConfig(spec, v1),
+    /restrict_oom_score_adj = false/,
+    "a machine that may lower scores: Deckhouse's false",
+  );
   const restricted1 = containerdConfig(spec, v1, { canLowerOomScores: false });
   t.match(
     restricted1,
-    /\[plugins\."io\.containerd\.grpc\.v1\.cri"\]\n(?: {2}\S.*\n)* {2}restrict_oom_score_adj = true\n/,
+    /\[plugins\."io\.containerd\.grpc\.v1\.cri"\]\n(?: {4}\S.*\n)* {4}restrict_oom_score_adj = true\n/,
   );
   const restricted2 = containerdConfig(spec, v2, { canLowerOomScores: false });
-  t.match(restricted2, /\[plugins\."io\.containerd\.cri\.v1\.runtime"\]\n {2}restrict_oom_score_adj = true\n/);
+  t.match(
+    restricted2,
+    /\[plugins\."io\.containerd\.cri\.v1\.runtime"\]\n(?: {4}\S.*\n)* {4}restrict_oom_score_adj = true\n/,
+  );
   t.equal(typeof (await canLowerOomScores()), "boolean", "read from the machine (PID 1's bounding set)");
 });
 
@@ -121,25 +130,28 @@ t.test("the kubelet unit names the binary, the node, its labels and taints", asy
       maxPods: 110,
       containerLogMaxSize: "10Mi",
       containerLogMaxFiles: 2,
-      evictionHard: {},
-      evictionSoft: {},
-      evictionSoftGracePeriod: {},
+      nodeStatusUpdateFrequencySeconds: 10,
       resourceReservation: { mode: "Off" },
       featureGates: {},
       rootDir: "/data/kubelet",
-      nodeLabels: {},
-      nodeTaints: [
+      registerLabels: {},
+      registerTaints: [
         { key: "a", effect: "NoSchedule" },
         { key: "b", value: "c", effect: "NoExecute" },
       ],
       apiServer: "https://127.0.0.1:6445",
       package: "kubelet",
     },
-    { stamp: "package kubelet sha256:x", nodeName: "n-1", labels: { z: "1", a: "2" } },
+    { stamp: "package kubelet sha256:x", nodeName: "n-1", labels: { z: "1", a: "2" }, nodeIP: "10.1.2.3" },
   );
   t.match(unit, "# Binary: package kubelet sha256:x");
   t.match(unit, "--node-labels=a=2,z=1");
   t.match(unit, "--register-with-taints=a:NoSchedule,b=c:NoExecute");
   t.match(unit, "--root-dir=/data/kubelet");
   t.match(unit, "--hostname-override=n-1");
+  t.match(
+    unit,
+    "--node-ip=10.1.2.3 \\\n    --address=10.1.2.3",
+    "the discovered address: InternalIP and where it listens",
+  );
 });

@@ -61,7 +61,7 @@ t.test("the example renders the built-in steps and the NGC in name order", async
   t.same(step(r, "KubernetesApiProxy").spec, { listen: "127.0.0.1:6445", upstreams: ["127.0.0.1:6443"] });
 });
 
-t.test("NodeGroup kubelet, cri and nodeTemplate reach the kubelet and containerd steps", async (t) => {
+t.test("NodeGroup kubelet and cri reach the kubelet and containerd steps; nodeTemplate reaches neither", async (t) => {
   const ng = worker();
   ng.spec.kubelet = {
     maxPods: 42,
@@ -91,19 +91,12 @@ t.test("NodeGroup kubelet, cri and nodeTemplate reach the kubelet and containerd
   t.same(k.resourceReservation, { mode: "Static", static: { cpu: "500m", memory: "1Gi" } });
   t.same(k.featureGates, { MemoryQoS: true });
   t.same(
-    k.nodeLabels,
-    {
-      "example.com/team": "a",
-      "node.kubernetes.io/pool": "p1",
-      "node.deckhouse.io/group": "worker",
-      "node.deckhouse.io/type": ng.spec.nodeType,
-    },
-    "labels the kubelet may not set are left to the cluster side",
+    k.registerLabels,
+    { "node.deckhouse.io/group": "worker", "node.deckhouse.io/type": ng.spec.nodeType },
+    "the kubelet registers the group and type; the cluster side keeps nodeTemplate on the Node",
   );
-  t.same(k.nodeTaints, [
-    { key: "node.deckhouse.io/bashible-uninitialized", effect: "NoSchedule" },
-    { key: "dedicated", value: "db", effect: "NoExecute" },
-  ]);
+  t.same(k.registerTaints, [{ key: "node.deckhouse.io/bashible-uninitialized", effect: "NoSchedule" }]);
+  t.notMatch(JSON.stringify(r.bundle), /example\.com\/team|dedicated/, "nothing of nodeTemplate is in the bundle");
   const c = step(r, "Containerd").spec;
   t.equal(c.maxConcurrentDownloads, 9);
   t.equal(c.cgroupDriver, k.cgroupDriver, "containerd and the kubelet use one cgroup driver");

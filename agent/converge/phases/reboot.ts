@@ -9,15 +9,18 @@ import { approveDisruption } from "./approve.ts";
 import { finish } from "./record.ts";
 import type { ApplyingRun, ConvergeResult } from "./run.ts";
 
-/** `reboot` approved, `waiting` for its approval, or `none` asked (or skipped: the first run). */
+/**
+ * `reboot` approved, `waiting` for its approval, or `none` asked. The first run (provisioning)
+ * reboots without asking, as Deckhouse's 099_reboot does on the first bashible run: a script
+ * that updated the kernel (`bb-flag-set reboot`) gets its reboot before the node takes work.
+ */
 export async function rebootDecision(run: ApplyingRun): Promise<"none" | "reboot" | "waiting"> {
   const { base } = run;
   const asked = (await base.flags.has(FLAG.reboot)) || rebootRequested(run.node);
   if (!asked) return "none";
   if (base.firstRun) {
-    run.log.info("first run: reboot skipped, as Deckhouse does while provisioning");
-    await base.flags.unset(FLAG.reboot);
-    return "none";
+    run.log.info("first run: a reboot was asked for; rebooting without approval, as Deckhouse does while provisioning");
+    return "reboot";
   }
   return (await approveDisruption(run, ["reboot"])) ? "reboot" : "waiting";
 }

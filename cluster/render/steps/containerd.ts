@@ -2,6 +2,7 @@
 // containerd package the context has.
 import { containerd } from "../../../bundles/steps/containerd.ts";
 import { RenderError } from "../errors.ts";
+import { KUBELET_DEFAULTS } from "./kubelet.ts";
 import { checked, nodeGroupName, nodeGroupSpec, type SpecBuilder, type StepInput } from "./spec-builder.ts";
 
 /** The package that installs containerd, by cri.type. */
@@ -28,11 +29,27 @@ export function containerdPackageOf(i: StepInput): string | undefined {
   return cri === "NotManaged" ? undefined : CONTAINERD_PACKAGES[cri];
 }
 
+/** Always kept off the proxy (Deckhouse's bb-set-proxy): loopback, the cloud metadata address, the cluster's domain. */
+const NO_PROXY_ALWAYS = ["127.0.0.1", "169.254.169.254"];
+
+/** The cluster's proxy as containerd's environment, or undefined when there is none. */
+function proxyOf(i: StepInput) {
+  const p = i.context.proxy;
+  if (!p?.httpProxy && !p?.httpsProxy) return undefined;
+  const noProxy = [...NO_PROXY_ALWAYS, i.context.clusterDomain ?? KUBELET_DEFAULTS.clusterDomain, ...(p.noProxy ?? [])];
+  return {
+    ...(p.httpProxy ? { httpProxy: p.httpProxy } : {}),
+    ...(p.httpsProxy ? { httpsProxy: p.httpsProxy } : {}),
+    noProxy: [...new Set(noProxy)],
+  };
+}
+
 export const containerdSpec: SpecBuilder<"Containerd"> = (i) => {
   const pkg = containerdPackageOf(i);
   if (!pkg || !i.packages.some((p) => p.name === pkg)) return undefined;
   const spec = nodeGroupSpec(i);
   const r = i.context.registry;
+  const proxy = proxyOf(i);
   return checked(
     containerd,
     {
@@ -52,8 +69,9 @@ export const containerdSpec: SpecBuilder<"Containerd"> = (i) => {
             },
           ]
         : [],
+      ...(proxy ? { proxy } : {}),
       package: pkg,
     },
-    `${nodeGroupName(i)} (spec.cri) or the context (registry, images)`,
+    `${nodeGroupName(i)} (spec.cri) or the context (registry, images, proxy)`,
   );
 };

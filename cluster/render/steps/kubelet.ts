@@ -1,7 +1,10 @@
-// 064_configure_kubelet: for groups whose context has a kubelet package. Deckhouse's defaults
-// for what the NodeGroup does not say; labels and taints the kubelet registers the Node with.
-import { kubeletMaySetLabel, NODE_KEYS } from "../../../bundles/names.ts";
+// 064_configure_kubelet: for groups whose context has a kubelet package. Deckhouse's values for
+// what the NodeGroup does not say. The machine's part (memory, disks, resolv.conf, the
+// discovered address) the step reads on the node; what the kubelet registers the Node with is
+// only the group, the node type and the uninitialized taint: nodeTemplate is the cluster side's.
+import { NODE_KEYS } from "../../../bundles/names.ts";
 import { kubelet } from "../../../bundles/steps/kubelet.ts";
+import { RenderError } from "../errors.ts";
 import { CGROUP_DRIVER, criOf } from "./containerd.ts";
 import { checked, nodeGroupName, nodeGroupSpec, type SpecBuilder, type StepInput } from "./spec-builder.ts";
 
@@ -9,26 +12,14 @@ import { checked, nodeGroupName, nodeGroupSpec, type SpecBuilder, type StepInput
 export const KUBELET_PACKAGE = "kubelet";
 
 export const KUBELET_DEFAULTS = {
-  maxPods: 110,
   containerLogMaxSize: "50Mi",
   containerLogMaxFiles: 4,
   clusterDNS: ["10.222.0.10"],
   clusterDomain: "cluster.local",
-  evictionHard: {
-    "imagefs.available": "5%",
-    "imagefs.inodesFree": "5%",
-    "memory.available": "1%",
-    "nodefs.available": "5%",
-    "nodefs.inodesFree": "5%",
-  },
-  evictionSoft: {
-    "imagefs.available": "10%",
-    "imagefs.inodesFree": "10%",
-    "memory.available": "2%",
-    "nodefs.available": "10%",
-    "nodefs.inodesFree": "10%",
-  },
-  softGracePeriod: "1m30s",
+  /** Deckhouse's `.nodeStatusUpdateFrequency | default "10"`. */
+  nodeStatusUpdateFrequencySeconds: 10,
+  /** Deckhouse's default podSubnetNodeCIDRPrefix. */
+  podSubnetNodeCIDRPrefix: 24,
 } as const;
 
 /** The CRD's spellings of the kubelet's topology manager policies. */
@@ -51,31 +42,47 @@ function quantities(q: { cpu?: string | number; memory?: string | number; epheme
   );
 }
 
+/**
+ * maxPods when the NodeGroup sets none, as current Deckhouse derives it from the pod subnet
+ * each node gets (ClusterConfiguration podSubnetNodeCIDRPrefix): /24 and narrower 120, /23 250,
+ * /22 500, anything wider 1000. A pod that is terminating and its replacement both hold an
+ * address, so a node needs about twice as many addresses as pods.
+ */
+export function maxPodsForPrefix(prefix: number): number {
+  if (prefix >= 24) return 120;
+  if (prefix === 23) return 250;
+  if (prefix === 22) return 500;
+  return 1000;
+}
+
+/** The context's podSubnetNodeCIDRPrefix ("24", as ClusterConfiguration spells it, or 24). */
+function podSubnetPrefix(i: StepInput): number {
+  const raw = i.context.podSubnetNodeCIDRPrefix;
+  if (raw === undefined || raw === "") return KUBELET_DEFAULTS.podSubnetNodeCIDRPrefix;
+  const n = typeof raw === "number" ? raw : /^\d{1,3}$/.test(raw) ? Number(raw) : Number.NaN;
+  if (!Number.isInteger(n) || n < 1 || n > 32) {
+    throw new RenderError("context", `podSubnetNodeCIDRPrefix '${raw}' is not a prefix length (1-32), like "24"`);
+  }
+  return n;
+}
+
 export const kubeletSpec: SpecBuilder<"Kubelet"> = (i) => {
   if (!runsKubelet(i)) return undefined;
   const spec = nodeGroupSpec(i);
   const ctx = i.context;
   const k = spec.kubelet ?? {};
-  const labels: Record<string, string> = {};
-  for (const [key, value] of Object.entries(spec.nodeTemplate?.labels ?? {})) {
-    // The cluster side sets these on the Node; a kubelet asked to would not start.
-    if (kubeletMaySetLabel(key)) labels[key] = value;
-  }
-  labels[NODE_KEYS.group] = i.nodeGroup.metadata.name;
-  labels[NODE_KEYS.nodeType] = spec.nodeType;
-  const soft = KUBELET_DEFAULTS.evictionSoft;
   return checked(
     kubelet,
     {
       cgroupDriver: CGROUP_DRIVER,
       clusterDNS: [...(ctx.clusterDNS ?? KUBELET_DEFAULTS.clusterDNS)],
       clusterDomain: ctx.clusterDomain ?? KUBELET_DEFAULTS.clusterDomain,
-      maxPods: k.maxPods ?? KUBELET_DEFAULTS.maxPods,
+      maxPods: k.maxPods ?? maxPodsForPrefix(podSubnetPrefix(i)),
       containerLogMaxSize: k.containerLogMaxSize ?? KUBELET_DEFAULTS.containerLogMaxSize,
       containerLogMaxFiles: k.containerLogMaxFiles ?? KUBELET_DEFAULTS.containerLogMaxFiles,
-      evictionHard: { ...KUBELET_DEFAULTS.evictionHard },
-      evictionSoft: { ...soft },
-      evictionSoftGracePeriod: Object.fromEntries(Object.keys(soft).map((s) => [s, KUBELET_DEFAULTS.softGracePeriod])),
+      nodeStatusUpdateFrequencySeconds:
+        ctx.nodeStatusUpdateFrequency ?? KUBELET_DEFAULTS.nodeStatusUpdateFrequencySeconds,
+      ...(spec.nodeType === "Static" ? { providerID: "static://" } : {}),
       resourceReservation: {
         mode: k.resourceReservation?.mode ?? "Auto",
         ...(k.resourceReservation?.static ? { static: quantities(k.resourceReservation.static) } : {}),
@@ -95,18 +102,11 @@ export const kubeletSpec: SpecBuilder<"Kubelet"> = (i) => {
         ? { criSocket: spec.cri.notManaged.criSocketPath }
         : {}),
       ...(k.rootDir ? { rootDir: k.rootDir } : {}),
-      nodeLabels: labels,
-      nodeTaints: [
-        kubelet.uninitializedTaint,
-        ...(spec.nodeTemplate?.taints ?? []).map((t) => ({
-          key: t.key,
-          ...(t.value ? { value: t.value } : {}),
-          effect: t.effect,
-        })),
-      ],
+      registerLabels: { [NODE_KEYS.group]: i.nodeGroup.metadata.name, [NODE_KEYS.nodeType]: spec.nodeType },
+      registerTaints: [kubelet.uninitializedTaint],
       apiServer: kubelet.apiServer,
       package: KUBELET_PACKAGE,
     },
-    `${nodeGroupName(i)} (spec.kubelet, spec.nodeTemplate) or the context (clusterDNS, clusterDomain, kubelet)`,
+    `${nodeGroupName(i)} (spec.kubelet) or the context (clusterDNS, clusterDomain, kubelet, nodeStatusUpdateFrequency)`,
   );
 };
