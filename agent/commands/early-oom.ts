@@ -212,7 +212,7 @@ Exit: 0 shown, 1 error.`,
               : here && { source: "this window", ...here, secondSignal: here.secondSignal },
             agent: agent ?? null,
             cgroup: ranking.layout ?? null,
-            pods: { source: pods.source, problem: pods.problem, objects: pods.pods.size, matched },
+            pods: { source: pods.source, problem: pods.problem, objects: new Set(pods.pods.values()).size, matched },
             candidates: ranking.ranked.map((r) => ({
               rank: r.rank,
               pod: podLabel(r),

@@ -13,11 +13,14 @@ import { type EarlyOomConfig, resolveEarlyOomConfig } from "./config.ts";
 import { type Clock, monotonicClock } from "./clock.ts";
 import { PsiUnavailableError, Sampler, type WindowFigures } from "./sampler.ts";
 import { CALM, cooldown, evaluate, type TriggerState } from "./trigger.ts";
+import { type Pace, pace } from "./pace.ts";
 import { type CgroupLayout, detectLayout, discoverPods } from "./cgroups.ts";
 import { type PodFacts, type PodSource, WatchedPods } from "./pods.ts";
 import { podLabel, type RankedCandidate, type Ranking, rankCandidates } from "./rank.ts";
 import { type KillResult, killPod } from "./kill.ts";
 import { bytes, pct } from "./format.ts";
+
+const DONE = Promise.resolve();
 
 export { DEFAULT_EARLY_OOM, type EarlyOomConfig, EarlyOomConfigError, resolveEarlyOomConfig } from "./config.ts";
 
@@ -78,6 +81,7 @@ interface Metrics {
   lastAction: Gauge;
   samples: Counter;
   sampleErrors: Counter;
+  sampleInterval: Gauge;
 }
 
 function registerMetrics(r: Registry): Metrics {
@@ -105,6 +109,10 @@ function registerMetrics(r: Registry): Metrics {
     lastAction: r.gauge(`${p}last_action_timestamp_seconds`, "Unix time of the last action (kill, dry-run, sysrq)"),
     samples: r.counter(`${p}samples_total`, "pressure samples taken"),
     sampleErrors: r.counter(`${p}sample_errors_total`, "pressure samples that could not be read"),
+    sampleInterval: r.gauge(
+      `${p}sample_interval_seconds`,
+      "time to the next sample: short near a threshold, long while the node is calm",
+    ),
   };
 }
 
@@ -116,6 +124,7 @@ export class EarlyOom {
   private cfg: EarlyOomConfig | undefined;
   private sampler: Sampler | undefined;
   private state: TriggerState = CALM;
+  private pace: Pace = { ms: 0, calm: false, reason: "not started" };
   private psi: "unknown" | "available" | "unavailable" = "unknown";
   private timer: { cancel(): void } | undefined;
   private inflight: Promise<void> | undefined;
@@ -152,8 +161,12 @@ export class EarlyOom {
     if (was && JSON.stringify(was) === JSON.stringify(next)) return;
     this.halt();
     this.cfg = next;
-    this.sampler = new Sampler(this.o.procRoot, next.durationMs + 2 * next.windowMs + 2 * next.sampleIntervalMs);
+    this.sampler = new Sampler(
+      this.o.procRoot,
+      next.durationMs + 2 * next.windowMs + 2 * Math.max(next.sampleIntervalMs, next.calmSampleIntervalMs),
+    );
     this.state = CALM;
+    this.pace = pace(next, CALM, undefined);
     this.psi = "unknown";
     this.m.enabled.set(1);
     this.m.dryRun.set(next.dryRun ? 1 : 0);
@@ -162,6 +175,8 @@ export class EarlyOom {
         fullStallPercent: next.fullStallPercent,
         durationMs: next.durationMs,
         windowMs: next.windowMs,
+        sampleIntervalMs: next.sampleIntervalMs,
+        calmSampleIntervalMs: next.calmSampleIntervalMs,
         memAvailablePercent: next.memAvailablePercent,
         reclaimPagesPerSecond: next.reclaimPagesPerSecond,
         dryRun: next.dryRun,
@@ -204,6 +219,7 @@ export class EarlyOom {
         reclaimPagesPerSecond: f.reclaimPerSecond,
         refaultPagesPerSecond: f.refaultPerSecond,
       },
+      sampling: { intervalMs: this.pace.ms, calm: this.pace.calm, reason: this.pace.reason },
       trigger: {
         phase: this.state.phase,
         reason: this.state.reason,
@@ -219,7 +235,7 @@ export class EarlyOom {
       pods: {
         source: this.o.pods ? "given" : this.watched ? "watch" : "none",
         synced: pods?.synced ?? false,
-        count: pods?.byUid().size ?? 0,
+        count: pods ? new Set(pods.byUid().values()).size : 0,
         error: pods?.error,
       },
       actions: { ...this.counts },
@@ -237,24 +253,32 @@ export class EarlyOom {
     this.timer = undefined;
     this.watched?.stop();
     this.watched = undefined;
+    this.sampler?.close();
   }
 
   private schedule(ms: number): void {
     this.timer = this.clock.timer(ms, () => {
       this.timer = undefined;
-      const started = this.clock.now();
-      // A tick still running (a kill, say) finishes before the next one starts.
-      const run = (this.inflight ?? Promise.resolve())
-        .then(() => this.tick())
-        .finally(() => {
-          this.inflight = undefined;
-          const cfg = this.cfg;
-          if (cfg && this.psi !== "unavailable" && !this.timer)
-            this.schedule(Math.max(0, cfg.sampleIntervalMs - (this.clock.now() - started)));
-        });
-      this.inflight = run;
-      return run;
+      // A tick still running (a kill, say) finishes before the next one starts. Otherwise a
+      // sample is synchronous, and only an action returns a promise: no promise chain per sample.
+      const prev = this.inflight;
+      const run = prev ? prev.then(() => this.tick()) : this.tick();
+      if (!run) {
+        this.next();
+        return DONE;
+      }
+      const tracked = run.finally(() => {
+        this.inflight = undefined;
+        this.next();
+      });
+      this.inflight = tracked;
+      return tracked;
     });
+  }
+
+  /** The next sample at the current pace (a whole number of ms: Node keeps one timer list per duration). */
+  private next(): void {
+    if (this.cfg && this.psi !== "unavailable" && !this.timer) this.schedule(Math.round(this.pace.ms));
   }
 
   /** This node's pods: given, or from a watch with the agent's current client. */
@@ -269,14 +293,15 @@ export class EarlyOom {
     return this.watched;
   }
 
-  private async tick(): Promise<void> {
+  /** One sample and its decision; a promise only when it acts. */
+  private tick(): Promise<void> | undefined {
     const cfg = this.cfg;
     const sampler = this.sampler;
-    if (!cfg || !sampler) return;
+    if (!cfg || !sampler) return undefined;
     this.podSource(); // keeps the watch on the current client
     const now = this.clock.now();
     try {
-      sampler.push(sampler.read(now));
+      sampler.push(sampler.read(now, this.pace.calm));
     } catch (err) {
       if (err instanceof PsiUnavailableError) {
         this.psi = "unavailable";
@@ -285,13 +310,13 @@ export class EarlyOom {
           { file: sampler.psiFile },
           `memory pressure (PSI) is not available (${err.message}); early OOM idles. It needs a kernel with CONFIG_PSI, booted without psi=0`,
         );
-        return;
+        return undefined;
       }
       this.m.sampleErrors.inc();
       const msg = (err as Error).message;
       if (msg !== this.lastSampleError) this.log.error(`early OOM cannot read memory pressure: ${msg}`);
       this.lastSampleError = msg;
-      return;
+      return undefined;
     }
     this.lastSampleError = undefined;
     this.psi = "available";
@@ -317,7 +342,14 @@ export class EarlyOom {
       else if (this.state.phase === "calm" && prev.phase === "building")
         this.log.info({ trigger: this.state.reason }, "memory stall back below threshold");
     }
-    if (this.state.phase === "met" && w) await this.act(cfg, w, this.state);
+    if (this.state.phase === "met" && w) return this.act(cfg, w, this.state).then(() => this.repace(cfg, w));
+    this.repace(cfg, w);
+    return undefined;
+  }
+
+  private repace(cfg: EarlyOomConfig, w: WindowFigures | undefined): void {
+    this.pace = pace(cfg, this.state, w);
+    this.m.sampleInterval.set(this.pace.ms / 1000);
   }
 
   private figures(w: WindowFigures, trigger: TriggerState): Record<string, number | undefined> {
