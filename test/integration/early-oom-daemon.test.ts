@@ -2,7 +2,8 @@
 // real kube-apiserver: it watches this node's pods with the node's own identity, kills the pod
 // the kubelet would evict first, records an EarlyOOMKilled Event on it with the figures, and
 // serves its metrics and state on the local endpoint; `bashible early-oom status` shows the same
-// ranking from the live agent and from a saved `kubectl get pods -o json`. The node's /proc and
+// ranking from the live agent (over its root-only socket) and from a saved
+// `kubectl get pods -o json`. The node's /proc and
 // /sys/fs/cgroup are a tree in the kernel's formats; the pods' tasks are real processes.
 import t from "tap";
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
@@ -17,6 +18,7 @@ import type { KubeObject } from "../../lib/kube/api.ts";
 import { list } from "../../lib/kube/api.ts";
 import { KubeStatusError } from "../../lib/kube/errors.ts";
 import type { EarlyOom } from "../../agent/early-oom/early-oom.ts";
+import { METRICS_SOCKET } from "../../agent/metrics-server.ts";
 
 interface EventObject extends KubeObject {
   type: string;
@@ -162,7 +164,7 @@ t.test("the agent watches this node's pods with the node's identity and ranks th
     "--node-name",
     NODE,
     "--agent",
-    `${agentUrl}/early-oom`,
+    path.join(root, METRICS_SOCKET),
   ]);
   t.equal(live.status, 0, live.stderr);
   const j = JSON.parse(live.stdout);

@@ -14,7 +14,7 @@ import {
   type Pod,
 } from "../../agent/early-oom/pods.ts";
 import { podLabel, rankCandidates } from "../../agent/early-oom/rank.ts";
-import { DEFAULT_EARLY_OOM, resolveEarlyOomConfig } from "../../agent/early-oom/config.ts";
+import { DEFAULT_EARLY_OOM, mergeNodeAndGroup, resolveEarlyOomConfig } from "../../agent/early-oom/config.ts";
 import { evaluate, CALM } from "../../agent/early-oom/trigger.ts";
 import type { PodCgroup } from "../../agent/early-oom/cgroups.ts";
 import { Registry } from "../../lib/prometheus.ts";
@@ -262,6 +262,27 @@ t.test(
     t.match(reasons[3], /^static pod \(its cgroup carries a manifest UID; no mirror pod known\)/);
   },
 );
+
+t.test("the node's dry run or off wins over the node group's; every other setting is the group's", async (t) => {
+  t.same(mergeNodeAndGroup({ dryRun: true }, { dryRun: false, fullStallPercent: 40 }), {
+    config: { dryRun: true, fullStallPercent: 40 },
+    overruled: ["dryRun: the node runs early OOM in dry-run mode"],
+  });
+  t.same(mergeNodeAndGroup({ enabled: false }, { enabled: true }), {
+    config: { enabled: false },
+    overruled: ["enabled: the node turned early OOM off"],
+  });
+  t.same(
+    mergeNodeAndGroup({}, { dryRun: true, enabled: false }).config,
+    { dryRun: true, enabled: false },
+    "the group can add safety",
+  );
+  t.same(mergeNodeAndGroup({ dryRun: false, durationMs: 5000 }, { dryRun: true }).config, {
+    dryRun: true,
+    durationMs: 5000,
+  });
+  t.same(mergeNodeAndGroup({ dryRun: true }, undefined), { config: { dryRun: true }, overruled: [] });
+});
 
 t.test("the trigger: held for the duration, with a second signal; both signals off means PSI alone", async (t) => {
   const cfg = { ...DEFAULT_EARLY_OOM, memAvailablePercent: 0, reclaimPagesPerSecond: 0 };
