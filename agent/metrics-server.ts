@@ -112,10 +112,13 @@ function handler(o: MetricsServerOptions) {
 }
 
 /**
- * Caps and times out what the server holds: sockets idle for idleMs are closed, headers and
- * requests must arrive in time, and beyond maxConnections the oldest connection without a
- * request in progress (idle, or still sending its headers) is closed to make way. A new
- * connection is never the one refused while an older one only sits there.
+ * Caps and times out what the server holds: sockets idle for idleMs are closed, a request's
+ * headers must arrive within headersMs of the connection (or of the last answer on it), and
+ * beyond maxConnections the oldest connection without a request in progress (idle, or still
+ * sending its headers) is closed to make way. A new connection is never the one refused while an
+ * older one only sits there. The timers are per connection: a listener nobody talks to costs no
+ * wake-ups (Node's own sweep of headersTimeout/requestTimeout, a timer per server, stays at its
+ * default 30 s as a backstop).
  */
 export function guardConnections(server: Server, limits = LISTENER_LIMITS): void {
   server.headersTimeout = limits.headersMs;
@@ -124,11 +127,20 @@ export function guardConnections(server: Server, limits = LISTENER_LIMITS): void
   server.setTimeout(limits.idleMs, (socket) => socket.destroy());
   const open = new Set<Socket>(); // insertion order: oldest first
   const busy = new Set<Socket>();
+  const deadlines = new Map<Socket, NodeJS.Timeout>();
+  const awaitHeaders = (socket: Socket) =>
+    deadlines.set(
+      socket,
+      setTimeout(() => socket.destroy(), limits.headersMs),
+    );
   server.on("connection", (socket: Socket) => {
     open.add(socket);
+    awaitHeaders(socket);
     socket.once("close", () => {
       open.delete(socket);
       busy.delete(socket);
+      clearTimeout(deadlines.get(socket));
+      deadlines.delete(socket);
     });
     if (open.size <= limits.maxConnections) return;
     for (const s of open)
@@ -141,15 +153,17 @@ export function guardConnections(server: Server, limits = LISTENER_LIMITS): void
   server.on("request", (req: IncomingMessage, res: ServerResponse) => {
     const s = req.socket;
     busy.add(s);
-    res.once("close", () => busy.delete(s));
+    clearTimeout(deadlines.get(s));
+    res.once("close", () => {
+      busy.delete(s);
+      if (!s.destroyed) awaitHeaders(s); // keep-alive: the next request's headers, in time too
+    });
   });
 }
 
 function newServer(o: MetricsServerOptions): Server {
-  const limits = o.limits ?? LISTENER_LIMITS;
-  // The timeouts above are enforced by a sweep every connectionsCheckingInterval (30 s by default).
-  const server = http().createServer({ connectionsCheckingInterval: 1000 }, handler(o));
-  guardConnections(server, limits);
+  const server = http().createServer(handler(o));
+  guardConnections(server, o.limits ?? LISTENER_LIMITS);
   return server;
 }
 
@@ -200,18 +214,34 @@ export interface PortHolder {
 /** The last holder found, by its socket's inode: a retry every minute does not walk /proc again. */
 let lastHolder: { inode: string; holder: PortHolder } | undefined;
 
-export async function portHolder(port: number, procRoot = "/proc"): Promise<PortHolder | undefined> {
-  let found: { uid: number; inode: string } | undefined;
+/** An IPv4 address as /proc/net/tcp writes it (the 32-bit word in host order: little-endian here). */
+const procHex = (ip: string) =>
+  ip
+    .split(".")
+    .reverse()
+    .map((o) => Number(o).toString(16).padStart(2, "0"))
+    .join("")
+    .toUpperCase();
+
+export async function portHolder(
+  port: number,
+  host = "127.0.0.1",
+  procRoot = "/proc",
+): Promise<PortHolder | undefined> {
+  // Listeners on the port: the one on this address or on every address blocks it; another
+  // address's listener is named only when there is no better one.
+  const wanted = /^\d+\.\d+\.\d+\.\d+$/.test(host) ? procHex(host) : undefined;
+  let found: { uid: number; inode: string; exact: boolean } | undefined;
   for (const table of ["net/tcp", "net/tcp6"]) {
     const text = await readFile(path.join(procRoot, table), "latin1").catch(() => "");
     for (const line of text.split("\n").slice(1)) {
       // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
       const f = line.trim().split(/\s+/);
-      if (f[3] !== "0A" || Number.parseInt(f[1]?.split(":")[1] ?? "", 16) !== port) continue;
-      found = { uid: Number(f[7]), inode: f[9] ?? "" };
-      break;
+      const [addr, hexPort] = f[1]?.split(":") ?? [];
+      if (f[3] !== "0A" || Number.parseInt(hexPort ?? "", 16) !== port) continue;
+      const exact = addr === wanted || /^0+$/.test(addr ?? "");
+      if (!found || (exact && !found.exact)) found = { uid: Number(f[7]), inode: f[9] ?? "", exact };
     }
-    if (found) break;
   }
   if (!found) return undefined;
   if (lastHolder?.inode === found.inode) return lastHolder.holder;
@@ -313,7 +343,7 @@ export async function startMetricsEndpoint(
       else log.info({ address: where, socket: state.socket }, "metrics endpoint listening");
     } catch (err) {
       const code = (err as NodeJS.ErrnoException).code ?? (err as Error).message;
-      const holder = code === "EADDRINUSE" ? await portHolder(port) : undefined;
+      const holder = code === "EADDRINUSE" ? await portHolder(port, host) : undefined;
       const delay = backoff.next();
       record({
         ...state,

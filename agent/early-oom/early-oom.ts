@@ -1,12 +1,13 @@
-// Early OOM, the resident agent's third job: sample memory pressure several times a second,
-// and when the node is really short of memory (trigger.ts), kill the pod the kubelet would
-// evict first (rank.ts), whole (kill.ts), before the kernel's OOM killer or the kubelet's
-// 10-second eviction loop would act; then an Event on the pod, metrics, a cooldown.
+// Early OOM, the resident agent's third job: sample memory pressure (four times a second near a
+// threshold, once a second while the node is calm: pace.ts), and when the node is really short
+// of memory (trigger.ts), kill the pod the kubelet would evict first (rank.ts), whole (kill.ts),
+// before the kernel's OOM killer or the kubelet's 10-second eviction loop would act; then an
+// Event on the pod, metrics, a cooldown. Static and critical pods are never killed.
 import { writeFileSync } from "node:fs";
 import path from "node:path";
 import type { KubeClient } from "../../lib/kube/client.ts";
 import type { Logger } from "../../lib/log/log.ts";
-import type { Counter, Gauge, Histogram, Registry } from "../../lib/prometheus.ts";
+import { Counter, type Gauge, type Histogram, type Registry } from "../../lib/prometheus.ts";
 import { createEvent } from "../../lib/kube/api.ts";
 import { EVENTS } from "../../bundles/names.ts";
 import { type EarlyOomConfig, resolveEarlyOomConfig } from "./config.ts";
@@ -84,7 +85,19 @@ interface Metrics {
   sampleInterval: Gauge;
 }
 
-function registerMetrics(r: Registry): Metrics {
+/** A counter read at scrape time: a plain number on the path of every sample, no label key built. */
+class CountedAt extends Counter {
+  private readonly read: () => number;
+  constructor(name: string, help: string, read: () => number) {
+    super(name, help);
+    this.read = read;
+  }
+  override samples(): string[] {
+    return [`${this.name} ${this.read()}`];
+  }
+}
+
+function registerMetrics(r: Registry, samples: () => number): Metrics {
   const p = "bashible_early_oom_";
   return {
     enabled: r.gauge(`${p}enabled`, "1 when early OOM samples memory pressure"),
@@ -107,7 +120,7 @@ function registerMetrics(r: Registry): Metrics {
       [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5],
     ),
     lastAction: r.gauge(`${p}last_action_timestamp_seconds`, "Unix time of the last action (kill, dry-run, sysrq)"),
-    samples: r.counter(`${p}samples_total`, "pressure samples taken"),
+    samples: r.add(new CountedAt(`${p}samples_total`, "pressure samples taken", samples)),
     sampleErrors: r.counter(`${p}sample_errors_total`, "pressure samples that could not be read"),
     sampleInterval: r.gauge(
       `${p}sample_interval_seconds`,
@@ -134,12 +147,13 @@ export class EarlyOom {
   private lastSampleError: string | undefined;
   private lastAction: EarlyOomAction | undefined;
   private readonly counts = { kill: 0, "dry-run": 0, sysrq: 0, none: 0 };
+  private sampleCount = 0;
 
   constructor(o: EarlyOomOptions) {
     this.o = o;
     this.log = o.log.child({ component: "early-oom" });
     this.clock = o.clock ?? monotonicClock;
-    this.m = registerMetrics(o.metrics);
+    this.m = registerMetrics(o.metrics, () => this.sampleCount);
     this.m.enabled.set(0);
     this.m.psiUnavailable.set(0);
   }
@@ -298,7 +312,6 @@ export class EarlyOom {
     const cfg = this.cfg;
     const sampler = this.sampler;
     if (!cfg || !sampler) return undefined;
-    this.podSource(); // keeps the watch on the current client
     const now = this.clock.now();
     try {
       sampler.push(sampler.read(now, this.pace.calm));
@@ -319,9 +332,15 @@ export class EarlyOom {
       return undefined;
     }
     this.lastSampleError = undefined;
-    this.psi = "available";
-    this.m.psiUnavailable.set(0);
-    this.m.samples.inc();
+    if (this.psi !== "available") {
+      this.psi = "available";
+      this.m.psiUnavailable.set(0);
+    }
+    this.sampleCount++;
+    // The common case on a calm node: nothing moved since the last sample and nothing new was
+    // read, so the figures, the trigger's state and the pace are what they were.
+    if (this.pace.calm && this.state.phase === "calm" && sampler.unchanged()) return undefined;
+    this.podSource(); // keeps the watch on the current client (at least every few seconds)
     const w = sampler.window(cfg.windowMs);
     this.lastFigures = w;
     if (w) {

@@ -36,7 +36,13 @@ export class PsiUnavailableError extends Error {
 
 const UNAVAILABLE = new Set(["ENOENT", "EOPNOTSUPP", "ENOTSUP"]);
 
-/** While calm, how often /proc/vmstat is read (for the figures shown; the trigger does not need it then). */
+/**
+ * While calm (the full stall counter standing still), how often /proc/meminfo is read: enough
+ * to see memory approach its threshold (the pace's warning), which alone cannot make the
+ * trigger fire...
+ */
+export const CALM_MEMINFO_EVERY_MS = 3000;
+/** ...and /proc/vmstat (for the figures shown; the trigger needs it only once a stall begins). */
 export const CALM_VMSTAT_EVERY_MS = 10_000;
 
 export class Sampler {
@@ -87,7 +93,7 @@ export class Sampler {
     const prev = this.history.at(-1);
     const moved = !prev || prev.psi.full.total !== psi.full.total;
     const sample: Sample = { t, psi, memAvailable: undefined, memTotal: undefined, reclaim: undefined };
-    if (moved || calm || t - this.lastMeminfo >= this.detailEveryMs) {
+    if (moved || t - this.lastMeminfo >= (calm ? CALM_MEMINFO_EVERY_MS : this.detailEveryMs)) {
       this.lastMeminfo = t;
       try {
         const m = parseMeminfo(this.meminfo.read(), ["MemTotal", "MemAvailable"]);
@@ -106,6 +112,20 @@ export class Sampler {
       }
     }
     return sample;
+  }
+
+  /** Whether the latest sample only repeats the one before: the same PSI totals, nothing else read. */
+  unchanged(): boolean {
+    const b = this.history.at(-1);
+    const a = this.history.at(-2);
+    return (
+      a !== undefined &&
+      b !== undefined &&
+      b.memTotal === undefined &&
+      b.reclaim === undefined &&
+      a.psi.full.total === b.psi.full.total &&
+      a.psi.some.total === b.psi.some.total
+    );
   }
 
   /** Releases the files kept open. */
