@@ -10,24 +10,11 @@ import { type EarlyOomConfig, EarlyOomConfigError, resolveEarlyOomConfig } from 
 import { PsiUnavailableError, Sampler, type WindowFigures } from "../early-oom/sampler.ts";
 import { secondSignal } from "../early-oom/trigger.ts";
 import { type Pod, podsFromJson, StaticPods, type PodFacts } from "../early-oom/pods.ts";
-import { rankNode, type EarlyOom } from "../early-oom/early-oom.ts";
+import { rankNode } from "../early-oom/early-oom.ts";
 import { podLabel } from "../early-oom/rank.ts";
 import { bytes, pct } from "../early-oom/format.ts";
-import { DEFAULT_METRICS_ADDRESS } from "../metrics-server.ts";
-
-type AgentStatus = ReturnType<EarlyOom["status"]>;
-
-const DEFAULT_AGENT = `http://${DEFAULT_METRICS_ADDRESS}/early-oom`;
-
-async function agentStatus(url: string): Promise<AgentStatus | undefined> {
-  try {
-    const res = await fetch(url, { signal: AbortSignal.timeout(1000) });
-    if (!res.ok) return undefined;
-    return (await res.json()) as AgentStatus;
-  } catch {
-    return undefined; // no agent running here, or metrics off
-  }
-}
+import { askAgent } from "../early-oom/status-client.ts";
+import { METRICS_SOCKET, printable, printableJson } from "../metrics-server.ts";
 
 interface PodsResult {
   source: string;
@@ -126,10 +113,11 @@ const earlyOom: Command = {
 state against the thresholds, and this node's pods ranked as early OOM would kill them (the
 kubelet's memory-pressure order), with the reason for each rank.
 
-On a node, the trigger state and settings come from the running agent
-(${DEFAULT_AGENT}); the ranking is computed here from the cgroup tree and
-this node's Pod objects. Off the node, point it at copies of the files and a pod list; the
-ranking is the same.
+On a node, the trigger state and settings come from the running agent, over its unix socket
+${METRICS_SOCKET} (root's alone; never the TCP metrics port, which any local user could bind
+first); the ranking is computed here from the cgroup tree and this node's Pod objects. Off the
+node, point it at copies of the files and a pod list; the ranking is the same. Text from
+outside (pod names, reasons) is printed with control characters escaped.
 
 Options:
   -o, --output FMT        text (default) or json
@@ -141,7 +129,7 @@ Options:
       --node-name NAME    this node's name, for the pod list (default: $NODE_NAME, the hostname)
       --config FILE       early OOM settings as JSON (default: the running agent's, else the defaults)
       --window SECONDS    how long to measure pressure (default 1)
-      --agent URL|off     the running agent's status (default ${DEFAULT_AGENT});
+      --agent SOCKET|off  the running agent's socket (default ${METRICS_SOCKET} under --root);
                           off when --proc-root, --cgroup-root or --pods is given
 
 Exit: 0 shown, 1 error.`,
@@ -171,9 +159,11 @@ Exit: 0 shown, 1 error.`,
       values["proc-root"] !== undefined || values["cgroup-root"] !== undefined || values.pods !== undefined;
     const procRoot = path.resolve((values["proc-root"] as string | undefined) ?? path.join(root, "proc"));
     const cgroupRoot = path.resolve((values["cgroup-root"] as string | undefined) ?? path.join(root, "sys/fs/cgroup"));
-    const agentUrl = (values.agent as string | undefined) ?? (offNode ? "off" : DEFAULT_AGENT);
+    const agentSocket = (values.agent as string | undefined) ?? (offNode ? "off" : path.join(root, METRICS_SOCKET));
 
-    const agentP = agentUrl === "off" ? Promise.resolve(undefined) : agentStatus(agentUrl);
+    const askedP =
+      agentSocket === "off" ? Promise.resolve({ agent: undefined, problem: "not asked" }) : askAgent(agentSocket);
+    const agentP = askedP.then((a) => a.agent);
     let cfg: EarlyOomConfig;
     if (values.config) {
       try {
@@ -183,8 +173,8 @@ Exit: 0 shown, 1 error.`,
         throw new UsageError(`--config ${values.config}: ${why}`);
       }
     } else cfg = (await agentP)?.config ?? resolveEarlyOomConfig({});
-    const [agent, measured, pods] = await Promise.all([
-      agentP,
+    const [{ agent, problem: agentProblem }, measured, pods] = await Promise.all([
+      askedP,
       measure(procRoot, windowS * 1000),
       loadPods(values, root),
     ]);
@@ -200,39 +190,42 @@ Exit: 0 shown, 1 error.`,
 
     if (output === "json") {
       stdout(
-        `${JSON.stringify(
-          {
-            procRoot,
-            cgroupRoot,
-            config: cfg,
-            pressure: f ?? null,
-            pressureProblem: measured.problem,
-            trigger: agent
-              ? { source: "agent", ...agent.trigger }
-              : here && { source: "this window", ...here, secondSignal: here.secondSignal },
-            agent: agent ?? null,
-            cgroup: ranking.layout ?? null,
-            pods: { source: pods.source, problem: pods.problem, objects: pods.pods.size, matched },
-            candidates: ranking.ranked.map((r) => ({
-              rank: r.rank,
-              pod: podLabel(r),
-              uid: r.cgroup.uid,
-              qos: r.qos,
-              tier: r.tier,
-              workingSetBytes: r.usage,
-              usageBytes: r.cgroup.usage,
-              requestBytes: r.pod ? r.request : null,
-              priority: r.pod ? r.priority : null,
-              exceedsRequest: r.exceeds,
-              cgroup: r.cgroup.memoryDir,
-              reason: r.reason,
-              why: r.why,
-              note: r.note ?? null,
-            })),
-            excluded: ranking.excluded.map((e) => ({ pod: podLabel(e), uid: e.cgroup.uid, reason: e.reason })),
-          },
-          null,
-          2,
+        `${printableJson(
+          JSON.stringify(
+            {
+              procRoot,
+              cgroupRoot,
+              config: cfg,
+              pressure: f ?? null,
+              pressureProblem: measured.problem,
+              trigger: agent
+                ? { source: "agent", ...agent.trigger }
+                : here && { source: "this window", ...here, secondSignal: here.secondSignal },
+              agent: agent ?? null,
+              agentProblem,
+              cgroup: ranking.layout ?? null,
+              pods: { source: pods.source, problem: pods.problem, objects: new Set(pods.pods.values()).size, matched },
+              candidates: ranking.ranked.map((r) => ({
+                rank: r.rank,
+                pod: podLabel(r),
+                uid: r.cgroup.uid,
+                qos: r.qos,
+                tier: r.tier,
+                workingSetBytes: r.usage,
+                usageBytes: r.cgroup.usage,
+                requestBytes: r.pod ? r.request : null,
+                priority: r.pod ? r.priority : null,
+                exceedsRequest: r.exceeds,
+                cgroup: r.cgroup.memoryDir,
+                reason: r.reason,
+                why: r.why,
+                note: r.note ?? null,
+              })),
+              excluded: ranking.excluded.map((e) => ({ pod: podLabel(e), uid: e.cgroup.uid, reason: e.reason })),
+            },
+            null,
+            2,
+          ),
         )}\n`,
       );
       return EXIT.ok;
@@ -254,7 +247,7 @@ Exit: 0 shown, 1 error.`,
         );
     } else if (here) {
       l.push(
-        `trigger (this window; no running agent answered${agentUrl === "off" ? ": not asked" : ` at ${agentUrl}`}):`,
+        `trigger (this window; no running agent answered: ${agentProblem}):`,
         `  full stall ${here.fullAboveThreshold ? "at or above" : "below"} ${cfg.fullStallPercent}%; second signal: ${here.secondSignal.ok ? "yes" : "no"} (${here.secondSignal.why})`,
       );
     }
@@ -288,10 +281,10 @@ Exit: 0 shown, 1 error.`,
       );
     }
     if (ranking.excluded.length) {
-      l.push("", "never killed (excluded):");
+      l.push("", "never killed:");
       l.push(...table(ranking.excluded.map((e) => [podLabel(e), e.reason])));
     }
-    stdout(`${l.join("\n")}\n`);
+    stdout(`${l.map(printable).join("\n")}\n`);
     return EXIT.ok;
   },
 };

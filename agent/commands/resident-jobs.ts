@@ -79,22 +79,18 @@ export async function startResidentJobs(o: {
   }
   let server: { close(): Promise<void> } | undefined;
   if (address !== "off") {
-    const { startMetricsServer, MetricsAddressError } = await import("../metrics-server.ts");
+    const { startMetricsEndpoint, MetricsAddressError } = await import("../metrics-server.ts");
     const eo = earlyOom;
-    try {
-      const s = await startMetricsServer({
-        registry,
-        address,
-        log,
-        json: eo ? { "/early-oom": () => eo.status() } : {},
-      });
-      server = s;
-      log.info({ address: `${s.host}:${s.port}` }, "metrics endpoint listening");
-    } catch (err) {
-      if (err instanceof MetricsAddressError) throw new UsageError(err.message);
-      // Another agent (a test sandbox) may hold the port: metrics are worth a warning, not the node's converge.
-      log.warn(`metrics endpoint ${address} not started: ${(err as Error).message}`);
-    }
+    // A taken address never stops the agent: it retries, and `bashible status` says who holds it.
+    server = await startMetricsEndpoint({
+      registry,
+      address,
+      root,
+      log,
+      json: eo ? { "/early-oom": () => eo.status() } : {},
+    }).catch((err: Error) => {
+      throw err instanceof MetricsAddressError ? new UsageError(err.message) : err;
+    });
   }
   // The node group's setting (NodeGroup spec.earlyOom, in the applied bundle) refines the flags:
   // followed from disk, so a restarted agent applies it before it reaches the API.
@@ -102,14 +98,19 @@ export async function startResidentJobs(o: {
   if (earlyOom) {
     const eo = earlyOom;
     const base = { ...settings, ...(mode === "dry-run" ? { dryRun: true } : {}) };
+    const { mergeNodeAndGroup } = await import("../early-oom/config.ts");
     const { followApplied, appliedNodeGroup } = await import("../fencing/config-source.ts");
     follower = followApplied(
       root,
       async (r) => (await appliedNodeGroup(r))?.earlyOom,
       (group) => {
         try {
-          eo.configure({ ...base, ...(group ?? {}) });
-          if (group) log.info({ earlyOom: group }, "early OOM follows the node group's setting");
+          // The node's dry run or off wins over the group's (towards safety).
+          const { config, overruled } = mergeNodeAndGroup(base, group);
+          eo.configure(config);
+          if (overruled.length)
+            log.warn({ earlyOom: group, overruled }, `the node's own early OOM setting wins: ${overruled.join("; ")}`);
+          else if (group) log.info({ earlyOom: group }, "early OOM follows the node group's setting");
         } catch (err) {
           log.warn(
             `the node group's early OOM setting is refused, keeping the last good one: ${(err as Error).message}`,

@@ -3,6 +3,7 @@ import { Host } from "../../host/host.ts";
 import { readAppliedChecksum, readStatus, type Status } from "../converge/state.ts";
 import { osProfile } from "../converge/converge.ts";
 import { PATHS } from "../../bundles/paths.ts";
+import { metricsStatusLine, readMetricsState } from "../metrics-server.ts";
 
 interface DaemonState {
   pid: number;
@@ -27,7 +28,12 @@ async function daemonState(host: Host): Promise<DaemonState | undefined> {
   }
 }
 
-function formatStatus(s: Status, applied: string | undefined, daemon: DaemonState | undefined): string {
+function formatStatus(
+  s: Status,
+  applied: string | undefined,
+  daemon: DaemonState | undefined,
+  metrics?: string,
+): string {
   const l: string[] = [];
   l.push(`applied checksum: ${applied ?? "(none: the next run applies everything)"}`);
   if (s.appliedAt) l.push(`applied at:       ${s.appliedAt}`);
@@ -48,6 +54,7 @@ function formatStatus(s: Status, applied: string | undefined, daemon: DaemonStat
       ? `next check:       ${daemon.nextTickAt} (daemon pid ${daemon.pid}; bundle changes apply at once)`
       : "next check:       no daemon running (bashible run)",
   );
+  if (metrics) l.push(`metrics:          ${metrics}`);
   if (s.steps.length) {
     l.push("", "steps:");
     for (const st of s.steps) {
@@ -94,10 +101,11 @@ Options:
       readAppliedChecksum(host),
       daemonState(host),
     ]);
+    const metrics = daemon && (await readMetricsState(root, daemon.pid));
     stdout(
       values.json
-        ? `${JSON.stringify({ ...s, configurationChecksum: applied, daemon }, null, 2)}\n`
-        : formatStatus(s, applied, daemon),
+        ? `${JSON.stringify({ ...s, configurationChecksum: applied, daemon, metrics }, null, 2)}\n`
+        : formatStatus(s, applied, daemon, metrics ? metricsStatusLine(metrics) : undefined),
     );
     const ok = !s.lastRun || s.lastRun.outcome === "applied" || s.lastRun.outcome === "in-sync";
     if (!ok) return EXIT.error;

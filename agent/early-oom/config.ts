@@ -6,8 +6,10 @@ export interface EarlyOomConfig {
   enabled: boolean;
   /** Decide and log the victim, kill nothing. */
   dryRun: boolean;
-  /** How often /proc/pressure/memory is read. */
+  /** How often /proc/pressure/memory is read while anything is near a threshold (pace.ts)... */
   sampleIntervalMs: number;
+  /** ...and while the node is calm: PSI and available memory far from the thresholds. */
+  calmSampleIntervalMs: number;
   /** The stall share is measured over this trailing window, from the cumulative `total` counters. */
   windowMs: number;
   /** Full memory stall (every non-idle task waiting on memory) at or above this share of the window... */
@@ -26,7 +28,12 @@ export interface EarlyOomConfig {
   excludeNamespaces: string[];
   /** Pods carrying any of these labels are never killed: `key` (any value) or `key=value`. */
   excludeLabels: string[];
-  /** Pods at or above this priority (system-node-critical) are killed only when nothing else is left. */
+  /**
+   * Pods at or above this priority are killed only when nothing else is left. Pods at or above
+   * system-cluster-critical are never killed whatever this says (the kubelet never evicts them),
+   * so the default protects nothing more; lower it (to 1000000000, say) to hold back the
+   * cluster's own high priority classes.
+   */
   protectedPriority: number;
   /** How long a kill may take before it is reported as incomplete. */
   killTimeoutMs: number;
@@ -40,6 +47,7 @@ export const DEFAULT_EARLY_OOM: Readonly<EarlyOomConfig> = Object.freeze({
   enabled: true,
   dryRun: false,
   sampleIntervalMs: 250,
+  calmSampleIntervalMs: 1000,
   windowMs: 1000,
   fullStallPercent: 30,
   durationMs: 3000,
@@ -49,7 +57,7 @@ export const DEFAULT_EARLY_OOM: Readonly<EarlyOomConfig> = Object.freeze({
   fallback: "sysrq",
   excludeNamespaces: [],
   excludeLabels: [],
-  protectedPriority: SYSTEM_NODE_CRITICAL,
+  protectedPriority: SYSTEM_CLUSTER_CRITICAL,
   killTimeoutMs: 5000,
 });
 
@@ -63,6 +71,7 @@ type Numeric = {
 
 const RANGES: Record<Numeric, [min: number, max: number]> = {
   sampleIntervalMs: [50, 10_000],
+  calmSampleIntervalMs: [50, 10_000],
   windowMs: [100, 60_000],
   fullStallPercent: [0.1, 100],
   durationMs: [0, 300_000],
@@ -72,6 +81,29 @@ const RANGES: Record<Numeric, [min: number, max: number]> = {
   protectedPriority: [-2_147_483_648, 2_147_483_647],
   killTimeoutMs: [100, 600_000],
 };
+
+/**
+ * The node's own settings (flags, --early-oom-config) refined by the node group's (the bundle),
+ * where the node's choice wins towards safety: an operator who set dry run or off on this node
+ * is never overruled by the group (dry run and off can only be added by either side, never
+ * taken away by the group). Every other setting: the group's, else the node's.
+ */
+export function mergeNodeAndGroup(
+  node: Partial<EarlyOomConfig>,
+  group: Partial<EarlyOomConfig> | undefined,
+): { config: Partial<EarlyOomConfig>; overruled: string[] } {
+  const config: Partial<EarlyOomConfig> = { ...node, ...group };
+  const overruled: string[] = [];
+  if (node.enabled === false) {
+    if (group?.enabled === true) overruled.push("enabled: the node turned early OOM off");
+    config.enabled = false;
+  }
+  if (node.dryRun === true) {
+    if (group?.dryRun === false) overruled.push("dryRun: the node runs early OOM in dry-run mode");
+    config.dryRun = true;
+  }
+  return { config, overruled };
+}
 
 const LABEL_KEY = /^([a-z0-9]([-a-z0-9.]*[a-z0-9])?\/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$/;
 
@@ -104,6 +136,10 @@ export function resolveEarlyOomConfig(input: Partial<EarlyOomConfig> | undefined
   if (c.windowMs < c.sampleIntervalMs)
     throw new EarlyOomConfigError(
       `early OOM: windowMs (${c.windowMs}) must be at least sampleIntervalMs (${c.sampleIntervalMs})`,
+    );
+  if (c.calmSampleIntervalMs < c.sampleIntervalMs)
+    throw new EarlyOomConfigError(
+      `early OOM: calmSampleIntervalMs (${c.calmSampleIntervalMs}) must be at least sampleIntervalMs (${c.sampleIntervalMs})`,
     );
   if (!Array.isArray(c.excludeNamespaces) || c.excludeNamespaces.some((n) => typeof n !== "string" || !n))
     throw new EarlyOomConfigError("early OOM: excludeNamespaces must be a list of namespace names");

@@ -1,23 +1,27 @@
-// Early OOM, the resident agent's third job: sample memory pressure several times a second,
-// and when the node is really short of memory (trigger.ts), kill the pod the kubelet would
-// evict first (rank.ts), whole (kill.ts), before the kernel's OOM killer or the kubelet's
-// 10-second eviction loop would act; then an Event on the pod, metrics, a cooldown.
+// Early OOM, the resident agent's third job: sample memory pressure (four times a second near a
+// threshold, once a second while the node is calm: pace.ts), and when the node is really short
+// of memory (trigger.ts), kill the pod the kubelet would evict first (rank.ts), whole (kill.ts),
+// before the kernel's OOM killer or the kubelet's 10-second eviction loop would act; then an
+// Event on the pod, metrics, a cooldown. Static and critical pods are never killed.
 import { writeFileSync } from "node:fs";
 import path from "node:path";
 import type { KubeClient } from "../../lib/kube/client.ts";
 import type { Logger } from "../../lib/log/log.ts";
-import type { Counter, Gauge, Histogram, Registry } from "../../lib/prometheus.ts";
+import { Counter, type Gauge, type Histogram, type Registry } from "../../lib/prometheus.ts";
 import { createEvent } from "../../lib/kube/api.ts";
 import { EVENTS } from "../../bundles/names.ts";
 import { type EarlyOomConfig, resolveEarlyOomConfig } from "./config.ts";
 import { type Clock, monotonicClock } from "./clock.ts";
 import { PsiUnavailableError, Sampler, type WindowFigures } from "./sampler.ts";
 import { CALM, cooldown, evaluate, type TriggerState } from "./trigger.ts";
+import { type Pace, pace } from "./pace.ts";
 import { type CgroupLayout, detectLayout, discoverPods } from "./cgroups.ts";
 import { type PodFacts, type PodSource, WatchedPods } from "./pods.ts";
 import { podLabel, type RankedCandidate, type Ranking, rankCandidates } from "./rank.ts";
 import { type KillResult, killPod } from "./kill.ts";
 import { bytes, pct } from "./format.ts";
+
+const DONE = Promise.resolve();
 
 export { DEFAULT_EARLY_OOM, type EarlyOomConfig, EarlyOomConfigError, resolveEarlyOomConfig } from "./config.ts";
 
@@ -78,9 +82,22 @@ interface Metrics {
   lastAction: Gauge;
   samples: Counter;
   sampleErrors: Counter;
+  sampleInterval: Gauge;
 }
 
-function registerMetrics(r: Registry): Metrics {
+/** A counter read at scrape time: a plain number on the path of every sample, no label key built. */
+class CountedAt extends Counter {
+  private readonly read: () => number;
+  constructor(name: string, help: string, read: () => number) {
+    super(name, help);
+    this.read = read;
+  }
+  override samples(): string[] {
+    return [`${this.name} ${this.read()}`];
+  }
+}
+
+function registerMetrics(r: Registry, samples: () => number): Metrics {
   const p = "bashible_early_oom_";
   return {
     enabled: r.gauge(`${p}enabled`, "1 when early OOM samples memory pressure"),
@@ -103,8 +120,12 @@ function registerMetrics(r: Registry): Metrics {
       [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5],
     ),
     lastAction: r.gauge(`${p}last_action_timestamp_seconds`, "Unix time of the last action (kill, dry-run, sysrq)"),
-    samples: r.counter(`${p}samples_total`, "pressure samples taken"),
+    samples: r.add(new CountedAt(`${p}samples_total`, "pressure samples taken", samples)),
     sampleErrors: r.counter(`${p}sample_errors_total`, "pressure samples that could not be read"),
+    sampleInterval: r.gauge(
+      `${p}sample_interval_seconds`,
+      "time to the next sample: short near a threshold, long while the node is calm",
+    ),
   };
 }
 
@@ -116,6 +137,7 @@ export class EarlyOom {
   private cfg: EarlyOomConfig | undefined;
   private sampler: Sampler | undefined;
   private state: TriggerState = CALM;
+  private pace: Pace = { ms: 0, calm: false, reason: "not started" };
   private psi: "unknown" | "available" | "unavailable" = "unknown";
   private timer: { cancel(): void } | undefined;
   private inflight: Promise<void> | undefined;
@@ -125,12 +147,13 @@ export class EarlyOom {
   private lastSampleError: string | undefined;
   private lastAction: EarlyOomAction | undefined;
   private readonly counts = { kill: 0, "dry-run": 0, sysrq: 0, none: 0 };
+  private sampleCount = 0;
 
   constructor(o: EarlyOomOptions) {
     this.o = o;
     this.log = o.log.child({ component: "early-oom" });
     this.clock = o.clock ?? monotonicClock;
-    this.m = registerMetrics(o.metrics);
+    this.m = registerMetrics(o.metrics, () => this.sampleCount);
     this.m.enabled.set(0);
     this.m.psiUnavailable.set(0);
   }
@@ -152,8 +175,12 @@ export class EarlyOom {
     if (was && JSON.stringify(was) === JSON.stringify(next)) return;
     this.halt();
     this.cfg = next;
-    this.sampler = new Sampler(this.o.procRoot, next.durationMs + 2 * next.windowMs + 2 * next.sampleIntervalMs);
+    this.sampler = new Sampler(
+      this.o.procRoot,
+      next.durationMs + 2 * next.windowMs + 2 * Math.max(next.sampleIntervalMs, next.calmSampleIntervalMs),
+    );
     this.state = CALM;
+    this.pace = pace(next, CALM, undefined);
     this.psi = "unknown";
     this.m.enabled.set(1);
     this.m.dryRun.set(next.dryRun ? 1 : 0);
@@ -162,6 +189,8 @@ export class EarlyOom {
         fullStallPercent: next.fullStallPercent,
         durationMs: next.durationMs,
         windowMs: next.windowMs,
+        sampleIntervalMs: next.sampleIntervalMs,
+        calmSampleIntervalMs: next.calmSampleIntervalMs,
         memAvailablePercent: next.memAvailablePercent,
         reclaimPagesPerSecond: next.reclaimPagesPerSecond,
         dryRun: next.dryRun,
@@ -204,6 +233,7 @@ export class EarlyOom {
         reclaimPagesPerSecond: f.reclaimPerSecond,
         refaultPagesPerSecond: f.refaultPerSecond,
       },
+      sampling: { intervalMs: this.pace.ms, calm: this.pace.calm, reason: this.pace.reason },
       trigger: {
         phase: this.state.phase,
         reason: this.state.reason,
@@ -219,7 +249,7 @@ export class EarlyOom {
       pods: {
         source: this.o.pods ? "given" : this.watched ? "watch" : "none",
         synced: pods?.synced ?? false,
-        count: pods?.byUid().size ?? 0,
+        count: pods ? new Set(pods.byUid().values()).size : 0,
         error: pods?.error,
       },
       actions: { ...this.counts },
@@ -237,24 +267,32 @@ export class EarlyOom {
     this.timer = undefined;
     this.watched?.stop();
     this.watched = undefined;
+    this.sampler?.close();
   }
 
   private schedule(ms: number): void {
     this.timer = this.clock.timer(ms, () => {
       this.timer = undefined;
-      const started = this.clock.now();
-      // A tick still running (a kill, say) finishes before the next one starts.
-      const run = (this.inflight ?? Promise.resolve())
-        .then(() => this.tick())
-        .finally(() => {
-          this.inflight = undefined;
-          const cfg = this.cfg;
-          if (cfg && this.psi !== "unavailable" && !this.timer)
-            this.schedule(Math.max(0, cfg.sampleIntervalMs - (this.clock.now() - started)));
-        });
-      this.inflight = run;
-      return run;
+      // A tick still running (a kill, say) finishes before the next one starts. Otherwise a
+      // sample is synchronous, and only an action returns a promise: no promise chain per sample.
+      const prev = this.inflight;
+      const run = prev ? prev.then(() => this.tick()) : this.tick();
+      if (!run) {
+        this.next();
+        return DONE;
+      }
+      const tracked = run.finally(() => {
+        this.inflight = undefined;
+        this.next();
+      });
+      this.inflight = tracked;
+      return tracked;
     });
+  }
+
+  /** The next sample at the current pace (a whole number of ms: Node keeps one timer list per duration). */
+  private next(): void {
+    if (this.cfg && this.psi !== "unavailable" && !this.timer) this.schedule(Math.round(this.pace.ms));
   }
 
   /** This node's pods: given, or from a watch with the agent's current client. */
@@ -269,14 +307,14 @@ export class EarlyOom {
     return this.watched;
   }
 
-  private async tick(): Promise<void> {
+  /** One sample and its decision; a promise only when it acts. */
+  private tick(): Promise<void> | undefined {
     const cfg = this.cfg;
     const sampler = this.sampler;
-    if (!cfg || !sampler) return;
-    this.podSource(); // keeps the watch on the current client
+    if (!cfg || !sampler) return undefined;
     const now = this.clock.now();
     try {
-      sampler.push(sampler.read(now));
+      sampler.push(sampler.read(now, this.pace.calm));
     } catch (err) {
       if (err instanceof PsiUnavailableError) {
         this.psi = "unavailable";
@@ -285,18 +323,24 @@ export class EarlyOom {
           { file: sampler.psiFile },
           `memory pressure (PSI) is not available (${err.message}); early OOM idles. It needs a kernel with CONFIG_PSI, booted without psi=0`,
         );
-        return;
+        return undefined;
       }
       this.m.sampleErrors.inc();
       const msg = (err as Error).message;
       if (msg !== this.lastSampleError) this.log.error(`early OOM cannot read memory pressure: ${msg}`);
       this.lastSampleError = msg;
-      return;
+      return undefined;
     }
     this.lastSampleError = undefined;
-    this.psi = "available";
-    this.m.psiUnavailable.set(0);
-    this.m.samples.inc();
+    if (this.psi !== "available") {
+      this.psi = "available";
+      this.m.psiUnavailable.set(0);
+    }
+    this.sampleCount++;
+    // The common case on a calm node: nothing moved since the last sample and nothing new was
+    // read, so the figures, the trigger's state and the pace are what they were.
+    if (this.pace.calm && this.state.phase === "calm" && sampler.unchanged()) return undefined;
+    this.podSource(); // keeps the watch on the current client (at least every few seconds)
     const w = sampler.window(cfg.windowMs);
     this.lastFigures = w;
     if (w) {
@@ -317,7 +361,14 @@ export class EarlyOom {
       else if (this.state.phase === "calm" && prev.phase === "building")
         this.log.info({ trigger: this.state.reason }, "memory stall back below threshold");
     }
-    if (this.state.phase === "met" && w) await this.act(cfg, w, this.state);
+    if (this.state.phase === "met" && w) return this.act(cfg, w, this.state).then(() => this.repace(cfg, w));
+    this.repace(cfg, w);
+    return undefined;
+  }
+
+  private repace(cfg: EarlyOomConfig, w: WindowFigures | undefined): void {
+    this.pace = pace(cfg, this.state, w);
+    this.m.sampleInterval.set(this.pace.ms / 1000);
   }
 
   private figures(w: WindowFigures, trigger: TriggerState): Record<string, number | undefined> {

@@ -2,25 +2,97 @@
 // buffer (procfs answers from memory in microseconds; no promise, no thread-pool hop, no
 // per-read allocation beyond the text), and parsers that pick out only the fields early OOM
 // uses.
-import { closeSync, openSync, readSync } from "node:fs";
+import { closeSync, openSync, readFileSync, readSync, realpathSync } from "node:fs";
 
 const BUF = Buffer.allocUnsafe(16 * 1024);
+
+function readFd(fd: number): string {
+  let len = 0;
+  for (;;) {
+    const want = BUF.length - len;
+    const n = readSync(fd, BUF, len, want, len);
+    len += n;
+    // A short read is the end: procfs (seq_file) fills the buffer until its last record, and so
+    // does a regular file; one read per sample instead of a second one that returns 0.
+    if (n < want || len === BUF.length) break; // (a full buffer: more than any file read here)
+  }
+  return BUF.toString("latin1", 0, len);
+}
 
 /** The whole (small) file as text. Throws the errno error (ENOENT, EOPNOTSUPP...) as is. */
 export function readSmallFile(file: string): string {
   const fd = openSync(file, "r");
   try {
-    let len = 0;
-    for (;;) {
-      const n = readSync(fd, BUF, len, BUF.length - len, len);
-      if (n === 0) break;
-      len += n;
-      if (len === BUF.length) break; // more than any file read here; the tail is not needed
-    }
-    return BUF.toString("latin1", 0, len);
+    return readFd(fd);
   } finally {
     closeSync(fd);
   }
+}
+
+/**
+ * A file read on every sample. On procfs it stays open and each read is one pread at offset 0,
+ * which makes the kernel generate it afresh: the open and close cost more than the read
+ * (measured here: about 115 µs for open + read + close, 45 µs for the pread). Anywhere else
+ * (a test's tree standing in for /proc, whose files are replaced by rename) it is opened each
+ * time, so a replaced file is seen.
+ */
+export class SampledFile {
+  readonly path: string;
+  private readonly keepOpen: boolean;
+  private fd: number | undefined;
+
+  constructor(file: string, keepOpen: boolean) {
+    this.path = file;
+    this.keepOpen = keepOpen;
+  }
+
+  read(): string {
+    if (!this.keepOpen) return readSmallFile(this.path);
+    this.fd ??= openSync(this.path, "r");
+    try {
+      return readFd(this.fd);
+    } catch (err) {
+      this.close(); // opened afresh next time
+      throw err;
+    }
+  }
+
+  close(): void {
+    if (this.fd === undefined) return;
+    try {
+      closeSync(this.fd);
+    } catch {
+      // already closed: nothing held
+    }
+    this.fd = undefined;
+  }
+}
+
+/** Whether dir is on a procfs mount (this process's mount table; false when it cannot tell). */
+export function isProcfs(dir: string): boolean {
+  let real: string;
+  let table: string;
+  try {
+    real = realpathSync(dir);
+    table = readFileSync("/proc/self/mountinfo", "latin1");
+  } catch {
+    return false;
+  }
+  let best = "";
+  let type = "";
+  for (const line of table.split("\n")) {
+    // "36 35 98:0 /root /mount/point opts... - fstype source opts"
+    const f = line.split(" ");
+    const sep = f.indexOf("-", 6);
+    const mount = f[4]?.replace(/\\([0-7]{3})/g, (_, o: string) => String.fromCharCode(Number.parseInt(o, 8)));
+    if (!mount || sep < 0) continue;
+    const inside = mount === "/" || real === mount || real.startsWith(`${mount}/`);
+    if (inside && mount.length >= best.length) {
+      best = mount;
+      type = f[sep + 1] ?? "";
+    }
+  }
+  return type === "proc";
 }
 
 export interface PsiLine {
@@ -36,19 +108,29 @@ export interface Psi {
   full: PsiLine;
 }
 
+/** The number after `key=` in text[from, to), or NaN. */
+function field(text: string, key: string, from: number, to: number): number {
+  const at = text.indexOf(key, from);
+  if (at < 0 || at >= to) return Number.NaN;
+  const start = at + key.length;
+  let end = text.indexOf(" ", start);
+  if (end < 0 || end > to) end = to;
+  return Number(text.slice(start, end));
+}
+
+// Picked out with indexOf, not split into parts: this runs on every sample.
 function psiLine(text: string, kind: "some" | "full"): PsiLine | undefined {
-  const at = text.indexOf(`${kind} `);
-  if (at < 0) return undefined;
-  const end = text.indexOf("\n", at);
-  const line = text.slice(at + kind.length + 1, end < 0 ? undefined : end);
-  const out: Record<string, number> = {};
-  for (const part of line.split(" ")) {
-    const eq = part.indexOf("=");
-    if (eq > 0) out[part.slice(0, eq)] = Number(part.slice(eq + 1));
-  }
-  const { avg10, avg60, avg300, total } = out;
-  if ([avg10, avg60, avg300, total].some((v) => v === undefined || !Number.isFinite(v))) return undefined;
-  return { avg10: avg10!, avg60: avg60!, avg300: avg300!, total: total! };
+  const at = text.startsWith(`${kind} `) ? 0 : text.indexOf(`\n${kind} `) + 1;
+  if (at === 0 && !text.startsWith(`${kind} `)) return undefined;
+  let end = text.indexOf("\n", at);
+  if (end < 0) end = text.length;
+  const avg10 = field(text, " avg10=", at, end);
+  const avg60 = field(text, " avg60=", at, end);
+  const avg300 = field(text, " avg300=", at, end);
+  const total = field(text, " total=", at, end);
+  if (!Number.isFinite(avg10) || !Number.isFinite(avg60) || !Number.isFinite(avg300) || !Number.isFinite(total))
+    return undefined;
+  return { avg10, avg60, avg300, total };
 }
 
 /** `/proc/pressure/memory` (or a cgroup's memory.pressure). Undefined when the text is not PSI. */

@@ -1,7 +1,14 @@
 // What early OOM needs from a Pod object, computed as the kubelet computes it: the memory
 // request (regular containers, sidecars, init containers, overhead), the priority and the QoS
-// class. Pod objects come from a watch of this node's pods (lib/informer.ts) or, for
+// class, and whether the kubelet would ever evict it (static and critical pods: never). Pod
+// objects come from a watch of this node's pods (lib/informer.ts) or, for
 // `bashible early-oom status --pods FILE`, from a saved `kubectl get pods -o json`.
+//
+// Static pods: the kubelet runs them from manifests on the node (etcd, kube-apiserver on a
+// control-plane node) under the UID it derives from the manifest (an md5 hash, 32 hex digits),
+// and the Pod object the API shows, the mirror pod, has a UID of its own; the kubelet writes
+// the manifest's UID into the mirror pod's kubernetes.io/config.mirror annotation. Their
+// cgroups carry the manifest's UID, so they are matched by that annotation.
 import type { KubeObject } from "../../lib/kube/api.ts";
 import type { KubeClient } from "../../lib/kube/client.ts";
 import type { Logger } from "../../lib/log/log.ts";
@@ -21,6 +28,10 @@ interface Container {
   restartPolicy?: string;
   [k: string]: unknown;
 }
+/** The kubelet's annotations on a mirror pod (pkg/kubelet/types): the static pod's UID, and where it came from. */
+export const MIRROR_ANNOTATION = "kubernetes.io/config.mirror";
+export const SOURCE_ANNOTATION = "kubernetes.io/config.source";
+
 export interface Pod extends KubeObject {
   spec?: {
     nodeName?: string;
@@ -44,6 +55,14 @@ export interface PodFacts {
   /** Memory request in bytes, as the kubelet's eviction ranking counts it. */
   request: number;
   qos: QosClass;
+  /**
+   * Why the kubelet never evicts this pod (kubelettypes.IsCriticalPod): a static pod (mirror
+   * annotation, or a config source other than the API), or a priority at or above
+   * system-cluster-critical; undefined for every other pod.
+   */
+  neverEvicted: string | undefined;
+  /** A mirror pod: the UID its static pod (and so its cgroup) carries. */
+  staticUid: string | undefined;
 }
 
 const memOf = (r: Record<string, string | number> | undefined) => {
@@ -100,17 +119,53 @@ export function podQos(pod: Pod): QosClass {
   return guaranteed ? "Guaranteed" : "Burstable";
 }
 
+/** Why the kubelet never evicts the pod, or undefined (pkg/kubelet/types IsCriticalPod). */
+export function neverEvicted(pod: Pod, priority = podPriority(pod)): string | undefined {
+  const a = pod.metadata.annotations ?? {};
+  if (a[MIRROR_ANNOTATION] !== undefined)
+    return "static pod (mirror pod of a manifest on the node): the kubelet never evicts it";
+  const source = a[SOURCE_ANNOTATION];
+  if (source !== undefined && source !== "api")
+    return `static pod (config source ${source}): the kubelet never evicts it`;
+  if (priority >= SYSTEM_CLUSTER_CRITICAL)
+    return `critical pod (priority ${priority} ≥ ${SYSTEM_CLUSTER_CRITICAL}, system-cluster-critical): the kubelet never evicts it`;
+  return undefined;
+}
+
+/**
+ * The UID the kubelet gives a pod it runs from a manifest: an md5 hash in hex, never the
+ * API server's dashed UUID. A cgroup named so is a static pod even when its mirror pod is not
+ * (yet, or any more) in the API.
+ */
+export const isManifestUid = (uid: string) => /^[0-9a-f]{32}$/.test(uid);
+
 export function podFacts(pod: Pod): PodFacts {
+  const priority = podPriority(pod);
+  const mirror = pod.metadata.annotations?.[MIRROR_ANNOTATION];
   return {
     uid: pod.metadata.uid ?? "",
     namespace: pod.metadata.namespace ?? "",
     name: pod.metadata.name,
     labels: pod.metadata.labels ?? {},
-    priority: podPriority(pod),
+    priority,
     request: podMemoryRequest(pod),
     qos: podQos(pod),
+    neverEvicted: neverEvicted(pod, priority),
+    staticUid: mirror || undefined,
   };
 }
+
+/** Pods by the UID their cgroup carries: their own, or for a mirror pod its static pod's. */
+export function byCgroupUid(pods: Iterable<PodFacts>): Map<string, PodFacts> {
+  const out = new Map<string, PodFacts>();
+  for (const p of pods) {
+    if (p.uid) out.set(p.uid, p);
+    if (p.staticUid) out.set(p.staticUid, p);
+  }
+  return out;
+}
+
+const KEPT_ANNOTATIONS = [MIRROR_ANNOTATION, SOURCE_ANNOTATION];
 
 /** Keeps only what podFacts reads, so a node's pod list sits small in the resident process. */
 export function trimPod(pod: Pod): Pod {
@@ -128,6 +183,7 @@ export function trimPod(pod: Pod): Pod {
       uid: pod.metadata.uid,
       resourceVersion: pod.metadata.resourceVersion,
       labels: pod.metadata.labels,
+      annotations: keptAnnotations(pod.metadata.annotations),
     },
     spec: {
       priority: pod.spec?.priority,
@@ -140,6 +196,11 @@ export function trimPod(pod: Pod): Pod {
   };
 }
 
+function keptAnnotations(a: Record<string, string> | undefined): Record<string, string> | undefined {
+  const kept = KEPT_ANNOTATIONS.filter((k) => a?.[k] !== undefined);
+  return kept.length ? Object.fromEntries(kept.map((k) => [k, a?.[k] ?? ""])) : undefined;
+}
+
 function pick(r: Record<string, string | number> | undefined): Record<string, string | number> | undefined {
   if (!r) return undefined;
   const out: Record<string, string | number> = {};
@@ -148,9 +209,9 @@ function pick(r: Record<string, string | number> | undefined): Record<string, st
   return out;
 }
 
-/** Where pod objects come from: looked up by UID, the name the cgroup tree carries. */
+/** Where pod objects come from: looked up by the UID the cgroup tree carries. */
 export interface PodSource {
-  /** All pods known now, by UID. */
+  /** All pods known now, by the UID their cgroup carries (byCgroupUid). */
   byUid(): Map<string, PodFacts>;
   /** Whether the source has a complete list (an informer that listed at least once). */
   readonly synced: boolean;
@@ -164,7 +225,7 @@ export class StaticPods implements PodSource {
   readonly synced = true;
   readonly error = undefined;
   constructor(pods: Pod[]) {
-    this.map = new Map(pods.filter((p) => p.metadata?.uid).map((p) => [p.metadata.uid ?? "", podFacts(p)]));
+    this.map = byCgroupUid(pods.filter((p) => p.metadata?.uid).map(podFacts));
   }
   byUid(): Map<string, PodFacts> {
     return this.map;
@@ -217,8 +278,9 @@ export class WatchedPods implements PodSource {
 
   byUid(): Map<string, PodFacts> {
     if (!this.cache) {
-      this.cache = new Map();
-      for (const p of this.informer.objects.values()) if (p.metadata.uid) this.cache.set(p.metadata.uid, podFacts(p));
+      const facts: PodFacts[] = [];
+      for (const p of this.informer.objects.values()) if (p.metadata.uid) facts.push(podFacts(p));
+      this.cache = byCgroupUid(facts);
     }
     return this.cache;
   }

@@ -3,11 +3,13 @@
 // than they requested first, then lower priority, then the most memory above the request.
 // Before that ordering, three tiers: pods matched to their Pod object; pods found in the cgroup
 // tree without one (request and priority unknown); and protected pods (Guaranteed, or priority
-// at or above system-node-critical), which go only when nothing else is left. Excluded pods
-// (namespace or label) never go.
+// at or above protectedPriority), which go only when nothing else is left. Excluded pods never
+// go: those the kubelet itself never evicts (static pods, matched through their mirror pod or
+// known by the manifest UID their cgroup carries; priority at or above system-cluster-critical),
+// and those the settings exclude (namespace or label).
 import type { EarlyOomConfig } from "./config.ts";
 import type { PodCgroup } from "./cgroups.ts";
-import type { PodFacts, QosClass } from "./pods.ts";
+import { isManifestUid, type PodFacts, type QosClass } from "./pods.ts";
 import { bytes } from "./format.ts";
 
 export type Tier = "pod" | "unmatched" | "protected";
@@ -52,8 +54,12 @@ type Cfg = Pick<EarlyOomConfig, "excludeNamespaces" | "excludeLabels" | "protect
 export const podLabel = (c: { cgroup: PodCgroup; pod: PodFacts | undefined }) =>
   c.pod ? `${c.pod.namespace}/${c.pod.name}` : `pod ${c.cgroup.uid} (no Pod object)`;
 
-function exclusion(cfg: Cfg, pod: PodFacts | undefined): string | undefined {
-  if (!pod) return undefined;
+function exclusion(cfg: Cfg, cg: PodCgroup, pod: PodFacts | undefined): string | undefined {
+  if (!pod)
+    return isManifestUid(cg.uid)
+      ? "static pod (its cgroup carries a manifest UID; no mirror pod known): the kubelet never evicts it"
+      : undefined;
+  if (pod.neverEvicted) return pod.neverEvicted;
   if (cfg.excludeNamespaces.includes(pod.namespace)) return `namespace ${pod.namespace} is excluded`;
   for (const sel of cfg.excludeLabels) {
     const eq = sel.indexOf("=");
@@ -120,7 +126,7 @@ export function rankCandidates(cgroups: PodCgroup[], pods: Map<string, PodFacts>
   const candidates: Candidate[] = [];
   for (const cg of cgroups) {
     const pod = pods.get(cg.uid);
-    const why = exclusion(cfg, pod);
+    const why = exclusion(cfg, cg, pod);
     if (why) {
       excluded.push({ cgroup: cg, pod, reason: why });
       continue;

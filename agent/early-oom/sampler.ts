@@ -3,7 +3,7 @@
 // counters (microseconds), not from avg10, which is a 10 s moving average that lags a sudden
 // stall by seconds; plus MemAvailable and the reclaim rate.
 import path from "node:path";
-import { type Psi, type Reclaim, parseMeminfo, parsePsi, parseVmstat, readSmallFile } from "./kernel-files.ts";
+import { isProcfs, type Psi, type Reclaim, parseMeminfo, parsePsi, parseVmstat, SampledFile } from "./kernel-files.ts";
 
 export interface Sample {
   /** Clock time of the reading, ms. */
@@ -36,14 +36,25 @@ export class PsiUnavailableError extends Error {
 
 const UNAVAILABLE = new Set(["ENOENT", "EOPNOTSUPP", "ENOTSUP"]);
 
+/**
+ * While calm (the full stall counter standing still), how often /proc/meminfo is read: enough
+ * to see memory approach its threshold (the pace's warning), which alone cannot make the
+ * trigger fire...
+ */
+export const CALM_MEMINFO_EVERY_MS = 3000;
+/** ...and /proc/vmstat (for the figures shown; the trigger needs it only once a stall begins). */
+export const CALM_VMSTAT_EVERY_MS = 10_000;
+
 export class Sampler {
   readonly psiFile: string;
-  private readonly meminfoFile: string;
-  private readonly vmstatFile: string;
+  private readonly psi: SampledFile;
+  private readonly meminfo: SampledFile;
+  private readonly vmstat: SampledFile;
   private history: Sample[] = [];
   private readonly keepMs: number;
   private readonly detailEveryMs: number;
-  private lastDetail = Number.NEGATIVE_INFINITY;
+  private lastMeminfo = Number.NEGATIVE_INFINITY;
+  private lastVmstat = Number.NEGATIVE_INFINITY;
 
   /**
    * keepMs: how much history to keep. detailEveryMs: while the full stall counter stands still
@@ -51,18 +62,27 @@ export class Sampler {
    * only this often, enough for a reclaim baseline when a stall begins.
    */
   constructor(procRoot: string, keepMs: number, detailEveryMs = 1000) {
+    const keepOpen = isProcfs(procRoot);
     this.psiFile = path.join(procRoot, "pressure/memory");
-    this.meminfoFile = path.join(procRoot, "meminfo");
-    this.vmstatFile = path.join(procRoot, "vmstat");
+    this.psi = new SampledFile(this.psiFile, keepOpen);
+    this.meminfo = new SampledFile(path.join(procRoot, "meminfo"), keepOpen);
+    this.vmstat = new SampledFile(path.join(procRoot, "vmstat"), keepOpen);
     this.keepMs = keepMs;
     this.detailEveryMs = detailEveryMs;
   }
 
-  /** Reads the files. MemAvailable and vmstat are optional: their absence only weakens the second signal. */
-  read(t: number): Sample {
+  /**
+   * Reads the files. MemAvailable and vmstat are optional: their absence only weakens the second
+   * signal. While the full stall counter moves, all three files are read on every sample.
+   * While it stands still the trigger cannot fire: `calm` (the slow pace, pace.ts) reads
+   * MemAvailable on every sample, to tell how far memory is from its threshold, and vmstat
+   * only every CALM_VMSTAT_EVERY_MS (the stall's first sample reads it, the reclaim baseline);
+   * the fast pace reads both every detailEveryMs.
+   */
+  read(t: number, calm = false): Sample {
     let text: string;
     try {
-      text = readSmallFile(this.psiFile);
+      text = this.psi.read();
     } catch (err) {
       const code = (err as NodeJS.ErrnoException).code ?? "";
       if (UNAVAILABLE.has(code)) throw new PsiUnavailableError(`${this.psiFile}: ${code}`);
@@ -70,26 +90,47 @@ export class Sampler {
     }
     const psi = parsePsi(text);
     if (!psi) throw new Error(`${this.psiFile}: not in the kernel's PSI format: ${JSON.stringify(text.slice(0, 120))}`);
-    let memAvailable: number | undefined;
-    let memTotal: number | undefined;
-    let reclaim: Reclaim | undefined;
     const prev = this.history.at(-1);
-    if (prev && prev.psi.full.total === psi.full.total && t - this.lastDetail < this.detailEveryMs)
-      return { t, psi, memAvailable, memTotal, reclaim };
-    this.lastDetail = t;
-    try {
-      const m = parseMeminfo(readSmallFile(this.meminfoFile), ["MemTotal", "MemAvailable"]);
-      memAvailable = m.MemAvailable;
-      memTotal = m.MemTotal;
-    } catch {
-      // optional second signal; status() shows it as unknown
+    const moved = !prev || prev.psi.full.total !== psi.full.total;
+    const sample: Sample = { t, psi, memAvailable: undefined, memTotal: undefined, reclaim: undefined };
+    if (moved || t - this.lastMeminfo >= (calm ? CALM_MEMINFO_EVERY_MS : this.detailEveryMs)) {
+      this.lastMeminfo = t;
+      try {
+        const m = parseMeminfo(this.meminfo.read(), ["MemTotal", "MemAvailable"]);
+        sample.memAvailable = m.MemAvailable;
+        sample.memTotal = m.MemTotal;
+      } catch {
+        // optional second signal; status() shows it as unknown
+      }
     }
-    try {
-      reclaim = parseVmstat(readSmallFile(this.vmstatFile));
-    } catch {
-      // as above
+    if (moved || t - this.lastVmstat >= (calm ? CALM_VMSTAT_EVERY_MS : this.detailEveryMs)) {
+      this.lastVmstat = t;
+      try {
+        sample.reclaim = parseVmstat(this.vmstat.read());
+      } catch {
+        // as above
+      }
     }
-    return { t, psi, memAvailable, memTotal, reclaim };
+    return sample;
+  }
+
+  /** Whether the latest sample only repeats the one before: the same PSI totals, nothing else read. */
+  unchanged(): boolean {
+    const b = this.history.at(-1);
+    const a = this.history.at(-2);
+    return (
+      a !== undefined &&
+      b !== undefined &&
+      b.memTotal === undefined &&
+      b.reclaim === undefined &&
+      a.psi.full.total === b.psi.full.total &&
+      a.psi.some.total === b.psi.some.total
+    );
+  }
+
+  /** Releases the files kept open. */
+  close(): void {
+    for (const f of [this.psi, this.meminfo, this.vmstat]) f.close();
   }
 
   push(s: Sample): void {

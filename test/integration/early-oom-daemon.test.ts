@@ -2,7 +2,8 @@
 // real kube-apiserver: it watches this node's pods with the node's own identity, kills the pod
 // the kubelet would evict first, records an EarlyOOMKilled Event on it with the figures, and
 // serves its metrics and state on the local endpoint; `bashible early-oom status` shows the same
-// ranking from the live agent and from a saved `kubectl get pods -o json`. The node's /proc and
+// ranking from the live agent (over its root-only socket) and from a saved
+// `kubectl get pods -o json`. The node's /proc and
 // /sys/fs/cgroup are a tree in the kernel's formats; the pods' tasks are real processes.
 import t from "tap";
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
@@ -17,6 +18,7 @@ import type { KubeObject } from "../../lib/kube/api.ts";
 import { list } from "../../lib/kube/api.ts";
 import { KubeStatusError } from "../../lib/kube/errors.ts";
 import type { EarlyOom } from "../../agent/early-oom/early-oom.ts";
+import { METRICS_SOCKET } from "../../agent/metrics-server.ts";
 
 interface EventObject extends KubeObject {
   type: string;
@@ -72,6 +74,20 @@ for (const input of inputs) {
   objects.set(input.name, obj);
   node.addPod({ ...input, uid: obj.metadata.uid });
 }
+// etcd as the kubelet runs it from a manifest: its cgroup carries the manifest UID, and its
+// mirror pod in the API (created here as the kubelet would) names that UID in
+// kubernetes.io/config.mirror. The largest pod of all, far above its request: never killed.
+const etcdInput: PodSpecInput = {
+  name: `etcd-${NODE}`,
+  namespace: "kube-system",
+  qos: "Burstable",
+  workingSetMi: 6000,
+  requestMi: 100,
+  priorityClassName: "system-node-critical",
+  staticPod: true,
+};
+const etcd = node.addPod(etcdInput);
+await createPod({ ...etcdInput, annotations: etcd.pod.metadata.annotations });
 // A Pod object on another node whose UID this node's tree happens to carry: the watch of this
 // node's pods must not match it (it is ranked as a pod without a Pod object).
 const elsewhere = await createPod({ name: "elsewhere", qos: "BestEffort", workingSetMi: 5000 }, "eoom-2");
@@ -132,7 +148,7 @@ t.test("the agent watches this node's pods with the node's identity and ranks th
     30_000,
   );
   t.equal(s.pods.source, "watch");
-  t.equal(s.pods.count, 5, "the five pods bound to this node, not the one on eoom-2");
+  t.equal(s.pods.count, 6, "the six pods bound to this node, not the one on eoom-2");
 
   const live = await bashible([
     "early-oom",
@@ -148,22 +164,22 @@ t.test("the agent watches this node's pods with the node's identity and ranks th
     "--node-name",
     NODE,
     "--agent",
-    `${agentUrl}/early-oom`,
+    path.join(root, METRICS_SOCKET),
   ]);
   t.equal(live.status, 0, live.stderr);
   const j = JSON.parse(live.stdout);
   t.same(
     j.candidates.map((c: { pod: string }) => c.pod),
-    [
-      "default/web",
-      "default/batch",
-      "default/cache",
-      `pod ${stray.uid} (no Pod object)`,
-      "kube-system/node-agent",
-      "default/db",
-    ],
+    ["default/web", "default/batch", "default/cache", `pod ${stray.uid} (no Pod object)`, "default/db"],
   );
-  t.equal(j.candidates[4].priority, 2_000_001_000, "the API server resolved system-node-critical's priority");
+  t.same(
+    j.excluded.map((e: { pod: string; reason: string }) => [e.pod, e.reason.split(":")[0]]),
+    [
+      [`kube-system/etcd-${NODE}`, "static pod (mirror pod of a manifest on the node)"],
+      ["kube-system/node-agent", "critical pod (priority 2000001000 ≥ 2000000000, system-cluster-critical)"],
+    ],
+    "the watch keeps the mirror annotation; the API server resolved system-node-critical's priority",
+  );
   t.equal(j.trigger.source, "agent");
   t.equal(j.trigger.phase, "calm");
 
@@ -231,7 +247,7 @@ t.test("sustained pressure: the kubelet's first pick is killed whole, with an Ev
   // Shares follow real time here (the file writer and the agent's samples tick apart): matched loosely.
   t.match(
     ev.message,
-    /^Early OOM killed the pod's processes: memory full stall [56]\d% \(some [78]\d%\) over the last 1\.\d s, held 3\.\d s; MemAvailable 200 MiB of 8 GiB; reclaim \d+ pages\/s\. Trigger: .*Victim ranked 1 of 6: working set 1\.2 GiB > request 500 MiB.* 5 process\(es\) killed \(freeze\+SIGKILL\) in \d+ ms\.$/,
+    /^Early OOM killed the pod's processes: memory full stall [56]\d% \(some [78]\d%\) over the last 1\.\d s, held 3\.\d s; MemAvailable 200 MiB of 8 GiB; reclaim \d+ pages\/s\. Trigger: .*Victim ranked 1 of 5: working set 1\.2 GiB > request 500 MiB.* 5 process\(es\) killed \(freeze\+SIGKILL\) in \d+ ms\.$/,
   );
 
   const metrics = await (await fetch(`${agentUrl}/metrics`)).text();

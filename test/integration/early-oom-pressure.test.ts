@@ -2,22 +2,28 @@
 // out) whose memory limit is below the file-backed working set its processes keep re-reading
 // thrashes, and the stalls show in /proc/pressure/memory. Early OOM, reading the real /proc,
 // sees them and kills that pod, whole, while a pod of the same size that stays under its limit
-// is untouched. Root only.
+// is untouched; and a static pod (etcd, from a manifest) that thrashes is never killed. Root only.
 //
 // Thresholds: this shared machine runs other work on both CPUs, so the *node-wide* full stall a
 // single thrashing cgroup causes here is a few percent, not the 30% a node thrashing as a whole
 // reaches; the test lowers the stall threshold to 2% and keeps the duration and the second
 // signal (reclaim + refaults) as they work in production.
-import t from "tap";
-import { execFileSync } from "node:child_process";
+import t, { type Test } from "tap";
 import { randomUUID } from "node:crypto";
 import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { Registry } from "../../lib/prometheus.ts";
 import { EarlyOom } from "../../agent/early-oom/early-oom.ts";
-import { StaticPods } from "../../agent/early-oom/pods.ts";
-import { captureLogger, hasV1MemoryAndFreezer, podObject, RealCgroups } from "../../scripts/lib/early-oom.ts";
+import { type Pod, StaticPods } from "../../agent/early-oom/pods.ts";
+import {
+  captureLogger,
+  hasV1MemoryAndFreezer,
+  manifestUid,
+  mirrorPodObject,
+  podObject,
+  RealThrash,
+} from "../../scripts/lib/early-oom.ts";
 import { waitFor } from "../../scripts/lib/cli.ts";
 import { requireRoot } from "../fixtures/root.ts";
 
@@ -34,67 +40,24 @@ if (skip) {
   process.exit(0);
 }
 
-const MiB = 1 << 20;
-const LIMIT = 64 * MiB;
 const work = mkdtempSync(path.join(os.tmpdir(), "early-oom-pressure-"));
 t.teardown(() => rmSync(work, { recursive: true, force: true }));
 
-/** A file of random bytes on the real disk (not tmpfs: its pages must be file-backed and reclaimable). */
-function dataFile(name: string, mib: number): string {
-  const f = path.join(work, name);
-  execFileSync("dd", ["if=/dev/urandom", `of=${f}`, "bs=1M", `count=${mib}`, "status=none"]);
-  execFileSync("sync");
-  // Drop this file's pages from the page cache, so the pod's readers fault them in under its own limit.
-  execFileSync("dd", [`if=${f}`, "iflag=nocache", "count=0", "status=none"]);
-  return f;
-}
-
-function podRel(qos: "besteffort" | "burstable", uid: string): string {
-  const u = uid.replaceAll("-", "_");
-  return `kubepods.slice/kubepods-${qos}.slice/kubepods-${qos}-pod${u}.slice`;
-}
-
-t.test("real thrash in one pod: early OOM sees it in /proc/pressure/memory and kills that pod only", async (t) => {
-  const big = dataFile("working-set", 160);
-  const small = dataFile("small", 24);
-  const cg = new RealCgroups(1);
-  t.teardown(() => cg.cleanup());
-
-  const thrasher = { name: "thrasher", qos: "BestEffort" as const, workingSetMi: 64, uid: randomUUID() };
-  const calm = { name: "calm", qos: "Burstable" as const, workingSetMi: 64, requestMi: 64, uid: randomUUID() };
-  const pods = [
-    { input: thrasher, rel: podRel("besteffort", thrasher.uid), file: big, readers: 8 },
-    { input: calm, rel: podRel("burstable", calm.uid), file: small, readers: 2 },
-  ];
-  const started = new Map<string, import("node:child_process").ChildProcess[]>();
-  for (const p of pods) {
-    const procs: import("node:child_process").ChildProcess[] = [];
-    started.set(p.input.name, procs);
-    cg.mkdir(p.rel);
-    writeFileSync(path.join(cg.dirs(p.rel)[0] as string, "memory.limit_in_bytes"), String(LIMIT));
-    cg.mkdir(`${p.rel}/cri-containerd-sandbox.scope`);
-    procs.push(cg.start(`${p.rel}/cri-containerd-sandbox.scope`, "exec sleep 1000"));
-    cg.mkdir(`${p.rel}/cri-containerd-app.scope`);
-    for (let i = 0; i < p.readers; i++)
-      procs.push(cg.start(`${p.rel}/cri-containerd-app.scope`, `while :; do cat ${p.file} > /dev/null; done`));
-  }
-  const alive = (name: string) =>
-    (started.get(name) ?? []).filter((c) => c.exitCode === null && c.signalCode === null).length;
-  for (const p of pods) await cg.joined(p.rel, started.get(p.input.name) ?? []);
-
-  const sysrq = path.join(work, "sysrq-trigger");
+/** EarlyOom on the real /proc, thresholds as the header says, with the given Pod objects. */
+function agent(t: Test, thrash: RealThrash, pods: Pod[]) {
+  const sysrq = path.join(work, `sysrq-trigger-${randomUUID().slice(0, 8)}`);
   writeFileSync(sysrq, "");
   const log = captureLogger();
   const metrics = new Registry();
   const eo = new EarlyOom({
     procRoot: "/proc",
-    cgroupRoot: cg.cgroupRoot,
+    cgroupRoot: thrash.cg.cgroupRoot,
     sysrqPath: sysrq,
     nodeName: "node-1",
     log,
     kube: () => undefined,
     metrics,
-    pods: new StaticPods([podObject(thrasher, thrasher.uid), podObject(calm, calm.uid)]),
+    pods: new StaticPods(pods),
   });
   t.teardown(() => eo.stop());
   eo.configure({
@@ -105,6 +68,26 @@ t.test("real thrash in one pod: early OOM sees it in /proc/pressure/memory and k
     cooldownMs: 600_000,
     fallback: "none",
   });
+  return { eo, log, metrics, sysrq };
+}
+
+t.test("real thrash in one pod: early OOM sees it in /proc/pressure/memory and kills that pod only", async (t) => {
+  const thrash = new RealThrash(work);
+  t.teardown(() => thrash.cleanup());
+  const thrasher = await thrash.start(
+    { name: "thrasher", qos: "BestEffort", workingSetMi: 64, uid: randomUUID() },
+    160,
+    8,
+  );
+  const calm = await thrash.start(
+    { name: "calm", qos: "Burstable", workingSetMi: 64, requestMi: 64, uid: randomUUID() },
+    24,
+    2,
+  );
+  const { eo, metrics, sysrq } = agent(t, thrash, [
+    podObject(thrasher.input, thrasher.uid),
+    podObject(calm.input, calm.uid),
+  ]);
 
   const seen = await waitFor("a kill", () => (eo.status().actions.kill ? eo.status() : undefined), 120_000);
   const a = seen.lastAction;
@@ -118,14 +101,46 @@ t.test("real thrash in one pod: early OOM sees it in /proc/pressure/memory and k
     `real reclaim seen: ${a?.figures.reclaimPagesPerSecond} pages/s`,
   );
   t.match(a?.result, /\d+ process\(es\) killed \(freeze\+SIGKILL\) in \d+ ms$/);
-  t.same(cg.pids(pods[0]?.rel ?? ""), [], "no task left in the thrashing pod");
-  await waitFor("the thrasher's processes reaped", () => alive("thrasher") === 0);
+  t.same(thrash.cg.pids(thrasher.rel), [], "no task left in the thrashing pod");
+  await waitFor("the thrasher's processes reaped", () => thrash.alive(thrasher) === 0);
   t.ok(
-    (started.get("thrasher") ?? []).every((c) => c.signalCode === "SIGKILL"),
+    thrasher.procs.every((c) => c.signalCode === "SIGKILL"),
     "every process the thrasher started died of SIGKILL",
   );
-  t.equal(alive("calm"), 3, "the calm pod keeps every process");
-  t.ok(cg.pids(pods[1]?.rel ?? "").length >= 3, "and the kernel still lists them in its cgroups");
+  t.equal(thrash.alive(calm), 3, "the calm pod keeps every process");
+  t.ok(thrash.cg.pids(calm.rel).length >= 3, "and the kernel still lists them in its cgroups");
   t.equal(readFileSync(sysrq, "utf8"), "", "no sysrq");
   t.match(metrics.text(), /bashible_early_oom_kills_total\{namespace="default",qos="BestEffort"\} 1/);
+});
+
+t.test("real thrash in a static pod (etcd's mirror pod): early OOM decides, and kills nothing", async (t) => {
+  // The kubelet never evicts a static pod. Its cgroup carries the manifest UID, its mirror pod in
+  // the API another UID; before the fix the cgroup matched no Pod object, ranked as a pod
+  // without one, and was killed.
+  const thrash = new RealThrash(work);
+  t.teardown(() => thrash.cleanup());
+  const etcd = await thrash.start(
+    {
+      name: "etcd-node-1",
+      namespace: "kube-system",
+      qos: "Burstable",
+      workingSetMi: 64,
+      requestMi: 16,
+      priorityClassName: "system-node-critical",
+      uid: manifestUid(),
+    },
+    160,
+    8,
+  );
+  const { eo, log } = agent(t, thrash, [mirrorPodObject(etcd.input, etcd.uid)]);
+  const seen = await waitFor("a decision", () => (eo.status().lastAction ? eo.status() : undefined), 120_000);
+  t.comment(`trigger: ${seen.lastAction?.trigger}`);
+  t.equal(seen.lastAction?.action, "none", "no candidate: nothing done (the fallback is off here)");
+  t.match(seen.lastAction?.trigger, /full stall .* held 2\.\d+ s/, "the real stall met the trigger");
+  t.equal(seen.actions.kill, 0);
+  t.notOk(log.lines.some((l) => l.msg === "early OOM killed a pod"));
+  t.equal(thrash.alive(etcd), 9, "the static pod keeps every process");
+  const r = eo.rank();
+  t.same(r.ranked, []);
+  t.match(r.excluded[0]?.reason, /^static pod \(mirror pod of a manifest on the node\): the kubelet never evicts it/);
 });

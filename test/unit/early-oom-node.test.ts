@@ -3,14 +3,14 @@
 import t, { type Test } from "tap";
 import { Registry } from "../../lib/prometheus.ts";
 import { EarlyOom, type EarlyOomConfig } from "../../agent/early-oom/early-oom.ts";
-import { StaticPods } from "../../agent/early-oom/pods.ts";
+import { type Pod, StaticPods } from "../../agent/early-oom/pods.ts";
 import { captureLogger, FakeNode, LAYOUTS, type FakePod, type Layout, type Load } from "../../scripts/lib/early-oom.ts";
 
 /** Memory really short: most time fully stalled, little available, reclaim thrashing. */
 const THRASH: Load = { full: 0.6, some: 0.85, memAvailableMi: 200, scan: 20_000, refault: 5000 };
 const QUIET: Load = { full: 0, some: 0, memAvailableMi: 6000 };
 
-function agent(node: FakeNode, cfg: Partial<EarlyOomConfig> = {}, opts: { pods?: boolean } = {}) {
+function agent(node: FakeNode, cfg: Partial<EarlyOomConfig> = {}, opts: { pods?: boolean | Pod[] } = {}) {
   const log = captureLogger();
   const metrics = new Registry();
   const eo = new EarlyOom({
@@ -22,7 +22,7 @@ function agent(node: FakeNode, cfg: Partial<EarlyOomConfig> = {}, opts: { pods?:
     kube: () => undefined,
     metrics,
     clock: node.clock,
-    pods: opts.pods === false ? new StaticPods([]) : new StaticPods(node.podList()),
+    pods: new StaticPods(Array.isArray(opts.pods) ? opts.pods : opts.pods === false ? [] : node.podList()),
   });
   eo.configure(cfg);
   return { eo, log, metrics };
@@ -39,7 +39,7 @@ function mixedPods(node: FakeNode) {
   return {
     // Largest of all, but Guaranteed: protected.
     guaranteed: node.addPod({ name: "db", qos: "Guaranteed", workingSetMi: 3000, limitMi: 3000 }),
-    // Large and far above its request, but system-node-critical: protected.
+    // Large and far above its request, but system-node-critical: never killed.
     critical: node.addPod({
       name: "node-agent",
       namespace: "kube-system",
@@ -48,6 +48,18 @@ function mixedPods(node: FakeNode) {
       requestMi: 100,
       priority: 2_000_001_000,
       priorityClassName: "system-node-critical",
+    }),
+    // The largest and furthest above its request of all: etcd, run by the kubelet from a manifest
+    // (its cgroup carries the manifest UID, its mirror pod another). Never killed.
+    etcd: node.addPod({
+      name: "etcd-node-1",
+      namespace: "kube-system",
+      qos: "Burstable",
+      workingSetMi: 4000,
+      requestMi: 100,
+      priority: 2_000_001_000,
+      priorityClassName: "system-node-critical",
+      staticPod: true,
     }),
     // Exceeds its request by the most, but a higher priority than the victim.
     important: node.addPod({ name: "important", qos: "Burstable", workingSetMi: 2000, requestMi: 100, priority: 1000 }),
@@ -76,11 +88,19 @@ for (const layout of LAYOUTS) {
       const { eo, metrics, log } = agent(node);
       t.teardown(() => eo.stop());
 
-      const ranking = eo.rank().ranked.map((r) => r.pod?.name);
+      const ranking = eo.rank();
       t.same(
-        ranking,
-        ["web", "batch", "important", "cache", "node-agent", "db"],
+        ranking.ranked.map((r) => r.pod?.name),
+        ["web", "batch", "important", "cache", "db"],
         "the kubelet's order, protected pods last",
+      );
+      t.same(
+        ranking.excluded.map((e) => [e.pod?.name, e.reason.split(":")[0]]),
+        [
+          ["etcd-node-1", "static pod (mirror pod of a manifest on the node)"],
+          ["node-agent", "critical pod (priority 2000001000 ≥ 2000000000, system-cluster-critical)"],
+        ],
+        "static and critical pods are never candidates",
       );
 
       await node.run(2000, QUIET);
@@ -103,7 +123,7 @@ for (const layout of LAYOUTS) {
       t.match(last?.trigger, /full stall 60% .* held 3\.\d+ s/);
       t.match(
         last?.victim,
-        /ranked 1 of 6: working set 1\.2 GiB > request 500 MiB, priority 0, Burstable, 700 MiB above request/,
+        /ranked 1 of 5: working set 1\.2 GiB > request 500 MiB, priority 0, Burstable, 700 MiB above request/,
       );
       t.match(
         last?.result,
@@ -116,6 +136,52 @@ for (const layout of LAYOUTS) {
     },
   );
 }
+
+t.test(
+  "the pace: once a second while calm, four times a second near a threshold, the stall timed at the fast pace",
+  async (t) => {
+    const node = newNode(t);
+    const victim = node.addPod({ name: "web", qos: "BestEffort", workingSetMi: 900 });
+    const { eo, metrics } = agent(node);
+    t.teardown(() => eo.stop());
+    const samples = () => Number(/bashible_early_oom_samples_total (\d+)/.exec(metrics.text())?.[1]);
+
+    await node.run(5000, QUIET);
+    t.same(eo.status().sampling, {
+      intervalMs: 1000,
+      calm: true,
+      reason: "PSI and MemAvailable far from the thresholds",
+    });
+    let before = samples();
+    await node.run(60_000, QUIET);
+    t.equal(samples() - before, 60, "a calm minute: 60 samples");
+    t.match(metrics.text(), /bashible_early_oom_sample_interval_seconds 1\n/);
+
+    // Memory getting short (MemAvailable within twice its threshold) brings the fast pace back...
+    await node.run(2000, { ...QUIET, memAvailableMi: 1500 });
+    before = samples();
+    await node.run(10_000, { ...QUIET, memAvailableMi: 1500 });
+    t.equal(samples() - before, 40, "four samples a second");
+    t.match(eo.status().sampling.reason, /^MemAvailable 18% ≤ 20%$/);
+    // ...and so does a stall a quarter of the way to its threshold.
+    await node.run(3000, QUIET);
+    t.equal(eo.status().sampling.calm, true);
+    await node.run(2000, { full: 0.1, some: 0.2, memAvailableMi: 6000 });
+    t.match(eo.status().sampling.reason, /^full stall 10% ≥ 25% of the 30% threshold$/);
+    t.equal(eo.status().trigger.phase, "calm", "still below the trigger's threshold");
+
+    // A node calm one moment and thrashing the next: the stall is seen within a calm interval,
+    // then timed at the fast pace for the whole duration, as before.
+    await node.run(5000, QUIET);
+    t.equal(eo.status().sampling.calm, true);
+    await node.run(3000, THRASH);
+    t.equal(eo.status().actions.kill, 0, "nothing before the stall held the duration");
+    t.equal(eo.status().sampling.intervalMs, 250);
+    await node.run(2000, THRASH);
+    t.equal(eo.status().actions.kill, 1, "killed within the duration plus one calm interval and the window");
+    await node.exited(victim);
+  },
+);
 
 t.test("an I/O storm (I/O stall, memory calm) kills nothing", async (t) => {
   const node = newNode(t);
@@ -161,42 +227,92 @@ t.test("a spike shorter than the duration kills nothing, however high", async (t
   for (const p of node.pods) t.equal(node.alive(p), p.processes.length, `${p.input.name} untouched`);
 });
 
-t.test("Guaranteed and critical pods survive while any other pod is left; cooldown holds between kills", async (t) => {
-  const node = newNode(t, { version: 1, driver: "systemd" });
-  const guaranteed = node.addPod({ name: "db", qos: "Guaranteed", workingSetMi: 3000, limitMi: 3000 });
-  const critical = node.addPod({
-    name: "kube-proxy",
+t.test(
+  "Guaranteed pods go only when nothing else is left, critical ones never; cooldown holds between kills",
+  async (t) => {
+    const node = newNode(t, { version: 1, driver: "systemd" });
+    const guaranteed = node.addPod({ name: "db", qos: "Guaranteed", workingSetMi: 3000, limitMi: 3000 });
+    const critical = node.addPod({
+      name: "kube-proxy",
+      namespace: "kube-system",
+      qos: "Burstable",
+      workingSetMi: 2500,
+      requestMi: 100,
+      priority: 2_000_001_000,
+    });
+    const small = node.addPod({ name: "tiny", qos: "Burstable", workingSetMi: 20, requestMi: 50 });
+    const { eo } = agent(node, { cooldownMs: 15_000, fallback: "none" });
+    t.teardown(() => eo.stop());
+
+    await node.run(3500, THRASH);
+    t.equal(eo.status().actions.kill, 1);
+    await node.exited(small);
+    t.equal(node.alive(small), 0, "the small unprotected pod goes first, though it is within its request");
+    t.equal(node.alive(guaranteed), guaranteed.processes.length);
+    t.equal(node.alive(critical), critical.processes.length);
+
+    const cooldownEnd = node.clock.now() + eo.status().trigger.cooldownRemainingSeconds * 1000;
+    await node.run(cooldownEnd - node.clock.now() - 500, THRASH);
+    t.equal(eo.status().actions.kill, 1, "no second kill during the cooldown");
+    t.equal(eo.status().trigger.phase, "cooldown");
+
+    // After the cooldown the stall must hold for the whole duration again.
+    await node.run(500 + 2900, THRASH);
+    t.equal(eo.status().actions.kill, 1, "the stall is measured afresh after the cooldown");
+    await node.run(500, THRASH);
+    t.equal(eo.status().actions.kill, 2, "only protected and critical pods left: the protected one goes");
+    await node.exited(guaranteed);
+    t.equal(node.alive(critical), critical.processes.length, "the critical pod is never a candidate");
+
+    // Only the critical pod left: no candidate, and with the fallback off, nothing is done.
+    await node.run(15_000 + 3500, THRASH);
+    t.equal(eo.status().actions.kill, 2);
+    t.equal(eo.status().lastAction?.action, "none");
+    t.equal(node.alive(critical), critical.processes.length, "still every task of the critical pod");
+  },
+);
+
+t.test("static pods are never killed, matched through their mirror pod or not, even as the only pods", async (t) => {
+  // A control-plane node: etcd and kube-apiserver run from manifests, far above their requests.
+  // The kubelet never evicts them; before the fix, their cgroups (carrying the manifest UID)
+  // matched no Pod object and ranked first, so early OOM killed etcd, even with kube-system
+  // excluded.
+  const node = newNode(t, { version: 2, driver: "systemd" });
+  const etcd = node.addPod({
+    name: "etcd-cp-1",
     namespace: "kube-system",
     qos: "Burstable",
-    workingSetMi: 2500,
+    workingSetMi: 4000,
     requestMi: 100,
+    priorityClassName: "system-node-critical",
     priority: 2_000_001_000,
+    staticPod: true,
   });
-  const small = node.addPod({ name: "tiny", qos: "Burstable", workingSetMi: 20, requestMi: 50 });
-  const { eo } = agent(node, { cooldownMs: 15_000 });
+  const apiserver = node.addPod({
+    name: "kube-apiserver-cp-1",
+    namespace: "kube-system",
+    qos: "Burstable",
+    workingSetMi: 3000,
+    requestMi: 100,
+    staticPod: true,
+  });
+  const { eo, log } = agent(node, { excludeNamespaces: ["kube-system"] }, { pods: [etcd.pod] });
   t.teardown(() => eo.stop());
-
+  const r = eo.rank();
+  t.same(r.ranked, [], "no candidate");
+  t.same(
+    r.excluded.map((e) => e.reason.split(":")[0]),
+    [
+      "static pod (mirror pod of a manifest on the node)",
+      "static pod (its cgroup carries a manifest UID; no mirror pod known)",
+    ],
+  );
   await node.run(3500, THRASH);
-  t.equal(eo.status().actions.kill, 1);
-  await node.exited(small);
-  t.equal(node.alive(small), 0, "the small unprotected pod goes first, though it is within its request");
-  t.equal(node.alive(guaranteed), guaranteed.processes.length);
-  t.equal(node.alive(critical), critical.processes.length);
-
-  const cooldownEnd = node.clock.now() + eo.status().trigger.cooldownRemainingSeconds * 1000;
-  await node.run(cooldownEnd - node.clock.now() - 500, THRASH);
-  t.equal(eo.status().actions.kill, 1, "no second kill during the cooldown");
-  t.equal(eo.status().trigger.phase, "cooldown");
-  t.equal(node.alive(critical), critical.processes.length);
-
-  // After the cooldown the stall must hold for the whole duration again.
-  await node.run(500 + 2900, THRASH);
-  t.equal(eo.status().actions.kill, 1, "the stall is measured afresh after the cooldown");
-  await node.run(500, THRASH);
-  t.equal(eo.status().actions.kill, 2, "only protected pods left: the kubelet's order among them");
-  await node.exited(critical);
-  t.equal(node.alive(critical), 0, "the critical pod exceeds its request, the Guaranteed one does not");
-  t.equal(node.alive(guaranteed), guaranteed.processes.length);
+  t.equal(eo.status().actions.kill, 0, "nothing killed");
+  t.equal(eo.status().lastAction?.action, "sysrq", "the kernel's OOM killer is asked instead");
+  t.equal(node.sysrqWrites(), "f");
+  t.notOk(log.lines.some((l) => l.msg === "early OOM killed a pod"));
+  for (const p of [etcd, apiserver]) t.equal(node.alive(p), p.processes.length, `${p.input.name} keeps every task`);
 });
 
 t.test("excluded namespaces and labels are never killed", async (t) => {

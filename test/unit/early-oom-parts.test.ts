@@ -4,14 +4,22 @@
 import t from "tap";
 import { parseMeminfo, parsePsi, parseVmstat } from "../../agent/early-oom/kernel-files.ts";
 import { parseQuantity } from "../../lib/kube/quantity.ts";
-import { podMemoryRequest, podPriority, podQos, podsFromJson, type Pod } from "../../agent/early-oom/pods.ts";
-import { rankCandidates } from "../../agent/early-oom/rank.ts";
-import { DEFAULT_EARLY_OOM, resolveEarlyOomConfig } from "../../agent/early-oom/config.ts";
+import {
+  podMemoryRequest,
+  podPriority,
+  podQos,
+  podsFromJson,
+  StaticPods,
+  trimPod,
+  type Pod,
+} from "../../agent/early-oom/pods.ts";
+import { podLabel, rankCandidates } from "../../agent/early-oom/rank.ts";
+import { DEFAULT_EARLY_OOM, mergeNodeAndGroup, resolveEarlyOomConfig } from "../../agent/early-oom/config.ts";
 import { evaluate, CALM } from "../../agent/early-oom/trigger.ts";
 import type { PodCgroup } from "../../agent/early-oom/cgroups.ts";
 import { Registry } from "../../lib/prometheus.ts";
 import { parseAddress, startMetricsServer } from "../../agent/metrics-server.ts";
-import { captureLogger } from "../../scripts/lib/early-oom.ts";
+import { captureLogger, manifestUid, mirrorPodObject, podObject } from "../../scripts/lib/early-oom.ts";
 
 t.test("PSI, meminfo and vmstat as the kernel writes them", async (t) => {
   const psi = parsePsi(
@@ -138,6 +146,8 @@ const facts = (uid: string, requestMi: number, priority = 0, qos: PodCgroup["qos
   priority,
   request: requestMi * MiB,
   qos,
+  neverEvicted: undefined,
+  staticUid: undefined,
 });
 
 t.test("each rank says what put the pod ahead of the next", async (t) => {
@@ -176,6 +186,102 @@ t.test("each rank says what put the pod ahead of the next", async (t) => {
   t.match(r.ranked[0]?.reason, /^working set 500 MiB > request 100 MiB, priority 0, Burstable, 400 MiB above request/);
   t.match(r.ranked[3]?.reason, /^working set 900 MiB ≤ request 1000 MiB, .*100 MiB under request/);
   t.match(r.ranked[5]?.reason, /protected \(Guaranteed\): only when nothing else is left/);
+});
+
+t.test(
+  "static and critical pods are never candidates: a mirror pod is matched to its static pod's cgroup",
+  async (t) => {
+    // What a control-plane node holds: etcd and kube-apiserver from manifests (their cgroups carry
+    // the manifest UID, their mirror pods another), one manifest whose mirror pod is not in the API
+    // (yet), a cluster-critical Deployment's pod, and one ordinary pod. Before the fix, etcd (the
+    // largest, far above its request, no Pod object matched) ranked ahead of every protected pod.
+    const etcd = manifestUid();
+    const apiserver = manifestUid();
+    const orphan = manifestUid();
+    const etcdMirror = mirrorPodObject(
+      { name: "etcd-cp-1", namespace: "kube-system", qos: "Burstable", workingSetMi: 0, requestMi: 100 },
+      etcd,
+    );
+    etcdMirror.spec = { ...etcdMirror.spec, priority: 2_000_001_000, priorityClassName: "system-node-critical" };
+    // A mirror pod written by an older kubelet: config.source only.
+    const apiMirror = mirrorPodObject(
+      { name: "kube-apiserver-cp-1", namespace: "kube-system", qos: "Burstable", workingSetMi: 0, requestMi: 100 },
+      apiserver,
+    );
+    delete apiMirror.metadata.annotations?.["kubernetes.io/config.mirror"];
+    apiMirror.metadata.uid = apiserver;
+    const coredns = podObject(
+      { name: "coredns", namespace: "kube-system", qos: "Burstable", workingSetMi: 0, requestMi: 70 },
+      "c0000000-0000-4000-8000-000000000001",
+    );
+    coredns.spec = { ...coredns.spec, priorityClassName: "system-cluster-critical" };
+    const web = podObject(
+      {
+        name: "web",
+        qos: "Burstable",
+        workingSetMi: 0,
+        requestMi: 100,
+        annotations: { "kubernetes.io/config.source": "api" },
+      },
+      "a0000000-0000-4000-8000-000000000002",
+    );
+    const pods = new StaticPods([etcdMirror, apiMirror, coredns, web].map(trimPod)).byUid();
+    t.equal(pods.get(etcd)?.name, "etcd-cp-1", "the mirror pod is found by the UID its static pod's cgroup carries");
+    const r = rankCandidates(
+      [
+        cg(etcd, 4000),
+        cg(apiserver, 3000),
+        cg(orphan, 2000, "BestEffort"),
+        cg("c0000000-0000-4000-8000-000000000001", 1000),
+        cg("a0000000-0000-4000-8000-000000000002", 200),
+      ],
+      pods,
+      { ...DEFAULT_EARLY_OOM, excludeNamespaces: ["kube-system"] },
+    );
+    t.same(
+      r.ranked.map((x) => x.pod?.name),
+      ["web"],
+      "only the ordinary pod is a candidate",
+    );
+    t.same(
+      r.excluded.map((e) => podLabel(e)),
+      [
+        "kube-system/coredns",
+        "kube-system/etcd-cp-1",
+        "kube-system/kube-apiserver-cp-1",
+        `pod ${orphan} (no Pod object)`,
+      ],
+    );
+    const reasons = r.excluded.map((e) => e.reason);
+    t.match(
+      reasons[0],
+      /^critical pod \(priority 2000000000 ≥ 2000000000, system-cluster-critical\): the kubelet never evicts it/,
+    );
+    t.match(reasons[1], /^static pod \(mirror pod of a manifest on the node\): the kubelet never evicts it/);
+    t.match(reasons[2], /^static pod \(config source file\)/);
+    t.match(reasons[3], /^static pod \(its cgroup carries a manifest UID; no mirror pod known\)/);
+  },
+);
+
+t.test("the node's dry run or off wins over the node group's; every other setting is the group's", async (t) => {
+  t.same(mergeNodeAndGroup({ dryRun: true }, { dryRun: false, fullStallPercent: 40 }), {
+    config: { dryRun: true, fullStallPercent: 40 },
+    overruled: ["dryRun: the node runs early OOM in dry-run mode"],
+  });
+  t.same(mergeNodeAndGroup({ enabled: false }, { enabled: true }), {
+    config: { enabled: false },
+    overruled: ["enabled: the node turned early OOM off"],
+  });
+  t.same(
+    mergeNodeAndGroup({}, { dryRun: true, enabled: false }).config,
+    { dryRun: true, enabled: false },
+    "the group can add safety",
+  );
+  t.same(mergeNodeAndGroup({ dryRun: false, durationMs: 5000 }, { dryRun: true }).config, {
+    dryRun: true,
+    durationMs: 5000,
+  });
+  t.same(mergeNodeAndGroup({ dryRun: true }, undefined), { config: { dryRun: true }, overruled: [] });
 });
 
 t.test("the trigger: held for the duration, with a second signal; both signals off means PSI alone", async (t) => {
