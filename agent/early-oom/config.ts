@@ -47,7 +47,7 @@ export const DEFAULT_EARLY_OOM: Readonly<EarlyOomConfig> = Object.freeze({
   enabled: true,
   dryRun: false,
   sampleIntervalMs: 250,
-  calmSampleIntervalMs: 1000,
+  calmSampleIntervalMs: 750,
   windowMs: 1000,
   fullStallPercent: 30,
   durationMs: 3000,

@@ -1,5 +1,5 @@
 // How often to sample: fast (sampleIntervalMs, 250 ms) while anything is near a threshold,
-// slow (calmSampleIntervalMs, 1 s) while the node is calm, as userspace OOM killers do (earlyoom
+// slow (calmSampleIntervalMs, 750 ms) while the node is calm, as userspace OOM killers do (earlyoom
 // sleeps longer the further memory is from its threshold; systemd-oomd polls once a second).
 // A pure decision over the last figures, with the reason.
 //
