@@ -109,13 +109,14 @@ export function authenticate(req: IncomingMessage, cfg: AuthConfig): Identity | 
   const user = req.headers["x-remote-user"];
   if (typeof user !== "string" || !user) return { user: "", groups: [], via: "front-proxy" };
   // The aggregator sends one X-Remote-Group header per group; rawHeaders keeps them apart
-  // under both HTTP/1.1 and HTTP/2.
+  // under both HTTP/1.1 and HTTP/2. A value is one group, commas and all, as Kubernetes reads
+  // it: splitting would turn a group named "dev,system:masters" into system:masters.
   const groups: string[] = [];
   const raw = req.rawHeaders;
   for (let i = 0; i + 1 < raw.length; i += 2) {
-    if (raw[i]!.toLowerCase() === "x-remote-group") groups.push(...raw[i + 1]!.split(",").map((s) => s.trim()));
+    if (raw[i]!.toLowerCase() === "x-remote-group" && raw[i + 1]) groups.push(raw[i + 1]!);
   }
-  return { user, groups: groups.filter(Boolean), via: "front-proxy" };
+  return { user, groups, via: "front-proxy" };
 }
 
 /** Which groups an identity may read: "all", or a set (possibly empty). */

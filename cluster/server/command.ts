@@ -14,6 +14,7 @@ import { installCrds } from "../crds/install.ts";
 import { CONTROLLER_FLAGS, CONTROLLER_FLAGS_HELP, controllerSettings } from "../controllers/command.ts";
 import { asset } from "../../lib/assets.ts";
 import * as fencingCtl from "../controllers/fencing.ts";
+import { DEFAULT_LISTENER_LIMITS } from "../listener-limits.ts";
 
 /** Standalone without given certificates: a CA, a serving certificate and an admin client certificate. */
 async function selfSigned(certDir: string, hosts: string[]) {
@@ -93,6 +94,9 @@ Serving:
                               --cert-dir (default $TMPDIR/bashible-server) and trusts that CA
       --cert-dir DIR          where --standalone writes its certificates
       --reuse-port            share the port with other server processes on this host
+      --max-connections N     concurrent connections, TLS handshakes included (default ${DEFAULT_LISTENER_LIMITS.maxConnections});
+                              a handshake has ${DEFAULT_LISTENER_LIMITS.handshakeTimeoutMs / 1000} s, the first request ${DEFAULT_LISTENER_LIMITS.firstRequestTimeoutMs / 1000} s, an idle
+                              connection ${DEFAULT_LISTENER_LIMITS.idleTimeoutMs / 1000} s
 
 ${fencingCtl.FENCING_CONTROLLER_HELP}
 
@@ -106,6 +110,7 @@ See docs/cluster.md for the formats and the authorization model.`,
     "no-manage-secrets": { type: "boolean" },
     "no-controllers": { type: "boolean" },
     "reuse-port": { type: "boolean" },
+    "max-connections": { type: "string" },
     ...CONTROLLER_FLAGS,
     namespace: { type: "string" },
     address: { type: "string" },
@@ -130,6 +135,9 @@ See docs/cluster.md for the formats and the authorization model.`,
     if (!Number.isInteger(port) || port < 0 || port > 65535)
       throw new UsageError(`--port '${str("port")}' is not a port`);
     const address = str("address") ?? "0.0.0.0";
+    const maxConnections = Number(str("max-connections") ?? DEFAULT_LISTENER_LIMITS.maxConnections);
+    if (!Number.isInteger(maxConnections) || maxConnections < 1)
+      throw new UsageError(`--max-connections '${str("max-connections")}' is not a positive whole number`);
     const settings = controllerSettings(v);
 
     let kube: KubeClient | undefined;
@@ -214,6 +222,7 @@ See docs/cluster.md for the formats and the authorization model.`,
         : { controller: { evictionRetryMs: settings.evictionRetryMs, drainTimeoutMs: settings.drainTimeoutMs } },
       lease: { leaseDurationSeconds: settings.leaseDurationSeconds },
       reusePort: v["reuse-port"] === true,
+      limits: { maxConnections },
     });
     const fencing =
       kube && !v["no-controllers"] && !v["no-fencing-controller"]
