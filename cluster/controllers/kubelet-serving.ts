@@ -19,22 +19,11 @@ import { Backoff } from "../../lib/backoff.ts";
 import { parseCsr, type CsrInfo } from "../../lib/pkcs10.ts";
 import { NODE_KEYS } from "../../bundles/names.ts";
 import { clusterEndpoints } from "./cluster-endpoints.ts";
+import { CSRS, type Csr, decideCsr, isDecided } from "./csr-approval.ts";
 
 export const KUBELET_SERVING_SIGNER = "kubernetes.io/kubelet-serving";
-const CSRS = "/apis/certificates.k8s.io/v1/certificatesigningrequests";
 const NODE_USER_PREFIX = "system:node:";
-
-export interface Csr extends KubeObject {
-  spec: {
-    request: string;
-    signerName: string;
-    username?: string;
-    groups?: string[];
-    usages?: string[];
-    expirationSeconds?: number;
-  };
-  status?: { conditions?: { type: string; status?: string }[]; certificate?: string };
-}
+export type { Csr };
 
 interface NodeAddresses extends KubeObject {
   status?: { addresses?: { type: string; address: string }[] };
@@ -84,11 +73,6 @@ function isSpecialIp(ip: string): boolean {
     return a === 0 || a === 127 || (a === 169 && b === 254) || a >= 224;
   }
   return ip === "::" || ip === "::1" || /^fe[89ab]/.test(ip) || ip.startsWith("ff");
-}
-
-export function isDecided(csr: Csr): boolean {
-  if (csr.status?.certificate) return true;
-  return (csr.status?.conditions ?? []).some((c) => c.type === "Approved" || c.type === "Denied");
 }
 
 /** What the decision needs to know about the cluster, gathered once per pass. */
@@ -442,28 +426,17 @@ export class KubeletServingApprover {
         return;
       }
       this.waiting.delete(name);
-      const condition =
+      await decideCsr(
+        this.client,
+        csr,
         v.verdict === "approve"
           ? {
-              type: "Approved",
-              status: "True",
+              approve: true,
               reason: "AutoApproved",
               message: `bashible: its names are the node's own and its addresses ones only Node ${v.node} reports`,
             }
-          : { type: "Denied", status: "True", reason: "NotAKubeletServingRequest", message: `bashible: ${v.reason}` };
-      // The approval subresource takes the whole object (metadata as it is: labels, owners and
-      // finalizers stay); resourceVersion makes it a compare-and-swap.
-      await this.client.request("PUT", `${CSRS}/${encodeURIComponent(name)}/approval`, {
-        body: {
-          apiVersion: "certificates.k8s.io/v1",
-          kind: "CertificateSigningRequest",
-          metadata: csr.metadata,
-          spec: csr.spec,
-          status: {
-            conditions: [...(csr.status?.conditions ?? []), { ...condition, lastUpdateTime: new Date().toISOString() }],
-          },
-        },
-      });
+          : { approve: false, reason: "NotAKubeletServingRequest", message: `bashible: ${v.reason}` },
+      );
       this.forget(name);
       if (v.verdict === "approve") this.log.info({ csr: name, node: v.node }, "kubelet serving CSR approved");
       else this.log.warn({ csr: name, reason: v.reason }, "kubelet serving CSR denied");

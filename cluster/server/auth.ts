@@ -19,6 +19,7 @@
 import type { X509Certificate } from "node:crypto";
 import type { IncomingMessage } from "node:http";
 import type { TLSSocket } from "node:tls";
+import { tokenScope } from "../bootstrap-scope.ts";
 
 export interface Identity {
   user: string;
@@ -27,11 +28,7 @@ export interface Identity {
   via: "front-proxy" | "client-certificate";
 }
 
-/** Deckhouse's extra group for node bootstrap tokens (its RBAC binds this group). */
-export const BOOTSTRAP_GROUP = "system:bootstrappers:d8-node-manager";
-/** Our tokens also carry `<BOOTSTRAP_GROUP>:<node group>`, which scopes them without a lookup. */
-export const BOOTSTRAP_GROUP_PREFIX = `${BOOTSTRAP_GROUP}:`;
-const BOOTSTRAP_USER_PREFIX = "system:bootstrap:";
+export { BOOTSTRAP_GROUP, BOOTSTRAP_GROUP_PREFIX } from "../bootstrap-scope.ts";
 
 export interface AuthConfig {
   /** CAs whose direct leaf certificates may act as the front proxy. */
@@ -128,16 +125,10 @@ export async function scopeOf(
   tokenGroupOf?: (tokenId: string) => Promise<string | undefined>,
 ): Promise<Scope> {
   if (id.groups.includes("system:masters")) return "all";
-  const groups = new Set<string>();
-  for (const g of id.groups)
-    if (g.startsWith(BOOTSTRAP_GROUP_PREFIX)) groups.add(g.slice(BOOTSTRAP_GROUP_PREFIX.length));
-  if (
-    !groups.size &&
-    tokenGroupOf &&
-    id.user.startsWith(BOOTSTRAP_USER_PREFIX) &&
-    id.groups.includes(BOOTSTRAP_GROUP)
-  ) {
-    const group = await tokenGroupOf(id.user.slice(BOOTSTRAP_USER_PREFIX.length));
+  const token = tokenScope(id.user, id.groups);
+  const groups = token.groups;
+  if (token.lookupTokenId && tokenGroupOf) {
+    const group = await tokenGroupOf(token.lookupTokenId);
     if (group) groups.add(group);
   }
   if (id.user.startsWith("system:node:") && id.groups.includes("system:nodes")) {
