@@ -15,6 +15,17 @@ export const SECRETS = {
   manualBootstrapPrefix: "manual-bootstrap-for-",
 } as const;
 
+/**
+ * ConfigMaps in NAMESPACE the kubelet client approver keeps (only it writes them):
+ * `nodeGroups` is what ValidatingAdmissionPolicy bashible-node-group-on-create reads
+ * (data[<node name>] = the node group its bootstrap token was for); `nodeClientKeys` holds the
+ * public keys of the client certificates last issued to each node name (re-bootstrap proof).
+ */
+export const CONFIGMAPS = {
+  nodeGroups: "bashible-node-groups",
+  nodeClientKeys: "bashible-node-client-keys",
+} as const;
+
 /** Annotations and labels on Nodes. */
 export const NODE_KEYS = {
   checksum: "node.deckhouse.io/configuration-checksum",

@@ -7,8 +7,12 @@ export const GROUP_NAME = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
 export const MAX_GROUP_NAME = 42;
 /** NodeGroupConfiguration object name; becomes part of a step name. */
 export const NGC_NAME = /^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$/;
-/** Step names: `NNN_name`, the weight first so names order steps. */
-export const STEP_NAME = /^\d{3}_[a-z0-9][a-z0-9_.-]*$/;
+/**
+ * Step names: `NNN_name`, the weight first so names order steps; the weight as Go's `%03d`
+ * writes it, so a NodeGroupConfiguration weight of 1000 or -5 is `1000_` or `-05_` (Deckhouse's
+ * names for them).
+ */
+export const STEP_NAME = /^(?:\d{3,}|-\d{2,})_[a-z0-9][a-z0-9_.-]*$/;
 /** Local user and group names (shadow-utils' portable set). */
 export const USER_NAME = /^[a-z_][a-z0-9_-]{0,31}$/;
 /** Registry package names: a directory under /var/cache/registrypackages. */

@@ -8,6 +8,11 @@ import { BUNDLE_CONTEXT, type BundleStep, STEP_KINDS, STEP_SPECS, type StepKind 
 import { API_VERSION, type NodeGroupBundle } from "./types.ts";
 
 export const MAX_BUNDLE_BYTES = 8 * 1024 * 1024;
+/**
+ * What the server renders at most: the node's limit less room for what serving wraps around a
+ * bundle (metadata.resourceVersion, a watch event's envelope), so nothing served is refused.
+ */
+export const MAX_RENDERED_BUNDLE_BYTES = MAX_BUNDLE_BYTES - 4096;
 
 export class BundleRejectedError extends Error {
   override name = "BundleRejectedError";

@@ -340,6 +340,18 @@ function isPemBytes(bytes: Uint8Array): boolean {
  * string or as bytes) or DER bytes. Throws CsrParseError on anything malformed.
  */
 export function parseCsr(input: string | Uint8Array): CsrInfo {
+  return read(input).info;
+}
+
+/**
+ * The DER of the CSR's subjectPublicKeyInfo (the key the certificate will carry), after the same
+ * checks as parseCsr. Throws CsrParseError on anything malformed.
+ */
+export function csrPublicKeyInfo(input: string | Uint8Array): Uint8Array {
+  return read(input).publicKeyInfo;
+}
+
+function read(input: string | Uint8Array): { info: CsrInfo; publicKeyInfo: Uint8Array } {
   let der: Uint8Array;
   if (typeof input === "string") der = fromPem(input);
   else if (isPemBytes(input)) {
@@ -371,8 +383,8 @@ export function parseCsr(input: string | Uint8Array): CsrInfo {
     otherSanKinds: 0,
   };
   readName(der, expect(subject, SEQUENCE, "subject"), info);
-  expect(spki, SEQUENCE, "subjectPKInfo");
+  const key = expect(spki, SEQUENCE, "subjectPKInfo");
   readAttributes(der, expect(attributes, ATTRIBUTES, "attributes"), info);
   noMore(more, "certificationRequestInfo");
-  return info;
+  return { info, publicKeyInfo: der.slice(key.at, key.end) };
 }

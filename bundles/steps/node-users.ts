@@ -16,9 +16,12 @@ export const NODE_USER = obj({
 });
 export type NodeUserSpec = Infer<typeof NODE_USER>;
 
+/** NodeUsers one bundle carries: the node refuses more, so the server renders no more. */
+export const MAX_NODE_USERS = 1000;
+
 export const nodeUsers = builtinStep({
   name: "000_add_node_users",
   kind: "NodeUsers",
-  spec: obj({ users: arr(NODE_USER, { max: 1000, unique: (u) => u.name }) }),
+  spec: obj({ users: arr(NODE_USER, { max: MAX_NODE_USERS, unique: (u) => u.name }) }),
   units: {},
 });

@@ -6,8 +6,9 @@
 // what the certificate would vouch for: kube-controller-manager signs it with the cluster CA,
 // often the API server's own CA, so a node that got one for another machine's name or address
 // could pose as that machine. A Node's status.addresses are written by the node itself, so they
-// are only a necessary condition: names must be the node's own name (or under it), addresses
-// must be ones it reports that no other managed Node reports and that are not the API server's.
+// are only a necessary condition: names must be the node's own name (or under it) and never a
+// form an in-cluster client takes for a Service, addresses must be ones it reports that no other
+// managed Node reports, and no endpoint of the cluster (API server, context endpoints) is either.
 import { isIPv4, isIPv6 } from "node:net";
 import type { KubeClient } from "../../lib/kube/client.ts";
 import type { Logger } from "../../lib/log/log.ts";
@@ -17,22 +18,12 @@ import { Informer, type InformerEvent } from "../../lib/informer.ts";
 import { Backoff } from "../../lib/backoff.ts";
 import { parseCsr, type CsrInfo } from "../../lib/pkcs10.ts";
 import { NODE_KEYS } from "../../bundles/names.ts";
+import { clusterEndpoints } from "./cluster-endpoints.ts";
+import { CSRS, type Csr, decideCsr, isDecided } from "./csr-approval.ts";
 
 export const KUBELET_SERVING_SIGNER = "kubernetes.io/kubelet-serving";
-const CSRS = "/apis/certificates.k8s.io/v1/certificatesigningrequests";
 const NODE_USER_PREFIX = "system:node:";
-
-export interface Csr extends KubeObject {
-  spec: {
-    request: string;
-    signerName: string;
-    username?: string;
-    groups?: string[];
-    usages?: string[];
-    expirationSeconds?: number;
-  };
-  status?: { conditions?: { type: string; status?: string }[]; certificate?: string };
-}
+export type { Csr };
 
 interface NodeAddresses extends KubeObject {
   status?: { addresses?: { type: string; address: string }[] };
@@ -84,17 +75,38 @@ function isSpecialIp(ip: string): boolean {
   return ip === "::" || ip === "::1" || /^fe[89ab]/.test(ip) || ip.startsWith("ff");
 }
 
-export function isDecided(csr: Csr): boolean {
-  if (csr.status?.certificate) return true;
-  return (csr.status?.conditions ?? []).some((c) => c.type === "Approved" || c.type === "Denied");
-}
-
 /** What the decision needs to know about the cluster, gathered once per pass. */
 export interface Known {
   /** Every canonical address a managed Node reports, with the Nodes reporting it. */
   addressOwners: ReadonlyMap<string, ReadonlySet<string>>;
-  /** The API server's addresses (the `kubernetes` Service's IPs and endpoints); undefined: unknown. */
-  apiServer: ReadonlySet<string> | undefined;
+  /**
+   * Where the cluster side serves and nodes dial (cluster-endpoints.ts): the `kubernetes`
+   * Service's IPs and endpoints, the context's endpoints; IPs canonical, names lowercase.
+   * Undefined: not known (yet).
+   */
+  endpoints: { ips: ReadonlySet<string>; names: ReadonlySet<string> } | undefined;
+  /**
+   * For single-label names asked for: the Service of that name (`namespace/name`), or null when
+   * no namespace has one. A name not looked up is not in the map.
+   */
+  services: ReadonlyMap<string, string | null>;
+}
+
+/**
+ * Labels of in-cluster DNS names (`<svc>.<ns>.svc.<domain>`, `<ip>.<ns>.pod.<domain>`): a node's
+ * own name never has them.
+ */
+const CLUSTER_DNS_LABELS = new Set(["svc", "pod"]);
+
+/** Single-label DNS names a CSR asks for: a Service can have each of them as its name. */
+export function singleLabelNames(csr: Csr): string[] {
+  try {
+    return parseCsr(Buffer.from(csr.spec.request, "base64"))
+      .dnsNames.map((d) => d.toLowerCase())
+      .filter((d) => isDnsName(d) && !d.includes("."));
+  } catch {
+    return [];
+  }
 }
 
 /**
@@ -141,15 +153,36 @@ export function judge(csr: Csr, node: NodeAddresses | undefined, known: Known): 
     return { verdict: "deny", reason: "it names no DNS name or IP address" };
   }
   const nodeName = user.slice(NODE_USER_PREFIX.length);
-  // Names: the node's own. A node reports its own Hostname address, so "among its addresses"
-  // alone would let it name a Service (vault.vault) or a wildcard.
+  // Names: the node's own, and never one a client inside the cluster would take for a Service:
+  // kube-controller-manager signs with the cluster CA, which every pod trusts (its service
+  // account's ca.crt), so a node named `kubernetes` or `vault` must not get `kubernetes.default`
+  // or `vault.vault`. A node reports its own Hostname address, so its addresses prove nothing.
+  const pendingLookups: string[] = [];
   for (const d of info.dnsNames) {
     const name = d.toLowerCase();
     if (!isDnsName(name)) return { verdict: "deny", reason: `${JSON.stringify(d)} is not a DNS name (no wildcards)` };
     // The node's name, its FQDN (name.domain), or the short host name of a node named by FQDN.
     const own = name === nodeName || name.startsWith(`${nodeName}.`) || nodeName.startsWith(`${name}.`);
     if (!own) return { verdict: "deny", reason: `${d} is not the node's name ${nodeName} or its domain name` };
-    if (name.split(".").includes("svc")) return { verdict: "deny", reason: `${d} is an in-cluster Service name` };
+    const labels = name.split(".");
+    if (labels.some((l) => CLUSTER_DNS_LABELS.has(l)))
+      return { verdict: "deny", reason: `${d} is an in-cluster Service or Pod name (a label svc or pod)` };
+    // `<service>.<namespace>` resolves to a Service through every pod's search path, in any
+    // namespace, including ones made later: refused by its form, not by a lookup.
+    if (labels.length === 2) {
+      return {
+        verdict: "deny",
+        reason: `${d} has the form <service>.<namespace> of an in-cluster Service name; name nodes by a host name or an FQDN of three labels or more`,
+      };
+    }
+    if (known.endpoints?.names.has(name)) {
+      return { verdict: "deny", reason: `${d} is an endpoint of the cluster (the bundle context names it)` };
+    }
+    if (labels.length === 1) {
+      const service = known.services.get(name);
+      if (service) return { verdict: "deny", reason: `${d} is the name of Service ${service}; rename the node` };
+      if (service === undefined) pendingLookups.push(name);
+    }
   }
   const ips: string[] = [];
   for (const ip of info.ipAddresses) {
@@ -157,7 +190,9 @@ export function judge(csr: Csr, node: NodeAddresses | undefined, known: Known): 
     if (c === undefined || isSpecialIp(c)) {
       return { verdict: "deny", reason: `${ip} is not an address of one node (loopback, link-local, zone, …)` };
     }
-    if (known.apiServer?.has(c)) return { verdict: "deny", reason: `${ip} is an address of the API server` };
+    if (known.endpoints?.ips.has(c)) {
+      return { verdict: "deny", reason: `${ip} is an address of the API server or another endpoint of the cluster` };
+    }
     ips.push(c);
   }
   // Decided as waits from here: another node's claim, or an address not reported yet, can change.
@@ -167,7 +202,10 @@ export function judge(csr: Csr, node: NodeAddresses | undefined, known: Known): 
       return { verdict: "wait", reason: `${ip} is also an address of Node ${others.sort().join(", ")}` };
     }
   }
-  if (!known.apiServer) return { verdict: "wait", reason: "the API server's addresses are not known yet" };
+  if (!known.endpoints) return { verdict: "wait", reason: "the API server's addresses are not known yet" };
+  if (pendingLookups.length) {
+    return { verdict: "wait", reason: `cannot tell yet whether ${pendingLookups.join(", ")} is a Service's name` };
+  }
   if (!node) return { verdict: "wait", reason: `Node ${nodeName} is not a registered node of a node group (yet)` };
   const own = new Set((node.status?.addresses ?? []).map((a) => canonicalAddress(a.address)));
   const foreign = ips.filter((ip) => !own.has(ip));
@@ -194,7 +232,7 @@ export class KubeletServingApprover {
   private readonly waiting = new Map<string, string>();
   /** Failed writes retried with a growing delay, per CSR. */
   private readonly retries = new Map<string, { timer: NodeJS.Timeout; backoff: Backoff }>();
-  private apiServer: { addresses: Set<string>; at: number } | undefined;
+  private endpoints: { value: NonNullable<Known["endpoints"]>; at: number } | undefined;
   private passQueued = false;
   /** One pass at a time; a pass asked for while one runs follows it. */
   private passRunning = false;
@@ -301,7 +339,11 @@ export class KubeletServingApprover {
       return false;
     });
     if (!pending.length) return;
-    const known: Known = { addressOwners: this.addressOwners(), apiServer: await this.apiServerAddresses() };
+    const known: Known = {
+      addressOwners: this.addressOwners(),
+      endpoints: await this.clusterEndpoints(),
+      services: await this.serviceNames(pending),
+    };
     for (const c of pending) await this.decide(c, known);
   }
 
@@ -319,28 +361,17 @@ export class KubeletServingApprover {
     return owners;
   }
 
-  /** The `kubernetes` Service's cluster IPs and its endpoints: the API server as pods and nodes reach it. */
-  private async apiServerAddresses(): Promise<Set<string> | undefined> {
-    if (this.apiServer && Date.now() - this.apiServer.at < API_ADDRESSES_TTL_MS) return this.apiServer.addresses;
+  /** Where the cluster side serves and nodes dial (cluster-endpoints.ts), read again each minute. */
+  private async clusterEndpoints(): Promise<Known["endpoints"]> {
+    if (this.endpoints && Date.now() - this.endpoints.at < API_ADDRESSES_TTL_MS) return this.endpoints.value;
     try {
-      const [svc, slices] = await Promise.all([
-        this.client.request<{ spec?: { clusterIPs?: string[]; clusterIP?: string } }>(
-          "GET",
-          "/api/v1/namespaces/default/services/kubernetes",
-        ),
-        this.client.request<{ items?: { endpoints?: { addresses?: string[] }[] }[] }>(
-          "GET",
-          "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices",
-          { query: { labelSelector: "kubernetes.io/service-name=kubernetes" } },
-        ),
-      ]);
-      const all = [
-        ...(svc.spec?.clusterIPs ?? [svc.spec?.clusterIP ?? ""]),
-        ...(slices.items ?? []).flatMap((s) => (s.endpoints ?? []).flatMap((e) => e.addresses ?? [])),
-      ];
-      const addresses = new Set(all.map(canonicalAddress).filter((a): a is string => !!a));
-      this.apiServer = { addresses, at: Date.now() };
-      return addresses;
+      const e = await clusterEndpoints(this.client);
+      const value = {
+        ips: new Set(e.ips.map(canonicalAddress).filter((a): a is string => !!a)),
+        names: new Set(e.names),
+      };
+      this.endpoints = { value, at: Date.now() };
+      return value;
     } catch (err) {
       this.log.warn(
         { err: (err as Error).message },
@@ -348,6 +379,28 @@ export class KubeletServingApprover {
       );
       return undefined;
     }
+  }
+
+  /**
+   * For each single-label name the pending CSRs ask for, the Service that has it (in any
+   * namespace), looked up now: a lookup per name, by field selector, across namespaces.
+   */
+  private async serviceNames(pending: Csr[]): Promise<Map<string, string | null>> {
+    const out = new Map<string, string | null>();
+    for (const name of new Set(pending.flatMap(singleLabelNames))) {
+      try {
+        const r = await this.client.request<{ items?: { metadata: { name: string; namespace?: string } }[] }>(
+          "GET",
+          "/api/v1/services",
+          { query: { fieldSelector: `metadata.name=${name}`, limit: "1" } },
+        );
+        const svc = r.items?.[0];
+        out.set(name, svc ? `${svc.metadata.namespace}/${svc.metadata.name}` : null);
+      } catch (err) {
+        this.log.warn({ name, err: (err as Error).message }, "cannot look up Services by name; the CSR waits");
+      }
+    }
+    return out;
   }
 
   /** Another try after a failed write, 5 s doubling to 5 minutes (no watch event may come). */
@@ -373,28 +426,17 @@ export class KubeletServingApprover {
         return;
       }
       this.waiting.delete(name);
-      const condition =
+      await decideCsr(
+        this.client,
+        csr,
         v.verdict === "approve"
           ? {
-              type: "Approved",
-              status: "True",
+              approve: true,
               reason: "AutoApproved",
               message: `bashible: its names are the node's own and its addresses ones only Node ${v.node} reports`,
             }
-          : { type: "Denied", status: "True", reason: "NotAKubeletServingRequest", message: `bashible: ${v.reason}` };
-      // The approval subresource takes the whole object (metadata as it is: labels, owners and
-      // finalizers stay); resourceVersion makes it a compare-and-swap.
-      await this.client.request("PUT", `${CSRS}/${encodeURIComponent(name)}/approval`, {
-        body: {
-          apiVersion: "certificates.k8s.io/v1",
-          kind: "CertificateSigningRequest",
-          metadata: csr.metadata,
-          spec: csr.spec,
-          status: {
-            conditions: [...(csr.status?.conditions ?? []), { ...condition, lastUpdateTime: new Date().toISOString() }],
-          },
-        },
-      });
+          : { approve: false, reason: "NotAKubeletServingRequest", message: `bashible: ${v.reason}` },
+      );
       this.forget(name);
       if (v.verdict === "approve") this.log.info({ csr: name, node: v.node }, "kubelet serving CSR approved");
       else this.log.warn({ csr: name, reason: v.reason }, "kubelet serving CSR denied");

@@ -8,6 +8,7 @@ import { whileLeading, type Leadership, type LeaseTiming } from "../leadership.t
 import { UpdateController, type UpdateControllerOptions } from "./controller.ts";
 import { InitializedController } from "./initialized.ts";
 import { KubeletServingApprover } from "./kubelet-serving.ts";
+import { KubeletClientApprover } from "./kubelet-client.ts";
 
 export interface RunControllersOptions extends LeaseTiming {
   client: KubeClient;
@@ -40,15 +41,19 @@ export function runControllers(o: RunControllersOptions): Leadership {
       });
       const init = new InitializedController({ client: o.client, log: o.log });
       serving = new KubeletServingApprover({ client: o.client, log: o.log, nodes: c.nodes });
+      // Bootstrap client certificates: which node names a group's token may take.
+      const client = new KubeletClientApprover({ client: o.client, log: o.log, namespace: o.namespace });
       c.start();
       init.start();
       serving.start();
+      client.start();
       signal.addEventListener(
         "abort",
         () => {
           c.stop();
           init.stop();
           serving.stop();
+          client.stop();
         },
         { once: true },
       );

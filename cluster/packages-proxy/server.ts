@@ -20,9 +20,22 @@ import got, { HTTPError, RequestError } from "got";
 import type { Logger } from "../../lib/log/log.ts";
 import { fsyncDir } from "../../lib/atomic-write.ts";
 import { PACKAGE_MANIFEST_HEADER } from "../../bundles/names.ts";
+import {
+  DEFAULT_LISTENER_LIMITS,
+  hasBody,
+  limitConnections,
+  type ListenerLimits,
+  refuseBody,
+  tlsServerOptions,
+} from "../listener-limits.ts";
 
 export const DIGEST_RE = /^sha256:[0-9a-f]{64}$/;
 /** OCI distribution repository name (path components of lowercase alphanumerics and separators). */
+/**
+ * An image manifest is a few hundred bytes; registries accept up to 4 MiB (the OCI distribution
+ * spec's floor). More is not a package's manifest, and is never read past this.
+ */
+export const MAX_MANIFEST_BYTES = 4 << 20;
 export const REPOSITORY_RE = /^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:\/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$/;
 
 export interface UpstreamOptions {
@@ -48,6 +61,8 @@ export interface ProxyOptions {
   /** Used when a request names no repository. */
   defaultRepository?: string | undefined;
   log: Logger;
+  /** Connection cap and timeouts (cluster/listener-limits.ts); the defaults when not given. */
+  limits?: Partial<ListenerLimits>;
 }
 
 export interface ProxyStats {
@@ -115,36 +130,48 @@ export class BlobCache {
     return path.join(this.dir, "sha256", hex.slice(0, 2), hex);
   }
 
-  /** The verified manifest's bytes and the digest of its last layer (the package's layer). */
-  async manifest(repository: string, digest: string): Promise<{ bytes: Buffer; layer: string; hit: boolean }> {
-    let got = await this.get(repository, digest, "manifest");
+  /**
+   * The verified manifest's bytes and its last layer (the package's layer): digest and the size
+   * the manifest declares, which is all of the layer the proxy will ever read.
+   */
+  async manifest(
+    repository: string,
+    digest: string,
+  ): Promise<{ bytes: Buffer; layer: string; layerSize: number; hit: boolean }> {
+    let got = await this.get(repository, digest, "manifest", MAX_MANIFEST_BYTES);
     let bytes = await readFile(got.file);
     if (!this.verified.has(digest) && `sha256:${createHash("sha256").update(bytes).digest("hex")}` !== digest) {
       // Rotted on disk since an earlier run cached it: fetch it again.
       this.log.error({ digest, file: got.file }, "cached manifest does not match its digest; fetching it again");
       await rm(got.file, { force: true });
-      got = await this.get(repository, digest, "manifest");
+      got = await this.get(repository, digest, "manifest", MAX_MANIFEST_BYTES);
       bytes = await readFile(got.file);
     }
     this.verified.add(digest);
-    let layers: { digest?: unknown }[] | undefined;
+    let layers: { digest?: unknown; size?: unknown }[] | undefined;
     try {
-      layers = (JSON.parse(bytes.toString("utf8")) as { layers?: { digest?: unknown }[] }).layers;
+      layers = (JSON.parse(bytes.toString("utf8")) as { layers?: { digest?: unknown; size?: unknown }[] }).layers;
     } catch {
       throw new UpstreamError(`${repository}@${digest} is not a JSON image manifest`, 422);
     }
-    const layer = layers?.[layers.length - 1]?.digest;
+    const last = layers?.[layers.length - 1];
+    const layer = last?.digest;
     if (typeof layer !== "string" || !DIGEST_RE.test(layer)) {
       throw new UpstreamError(`${repository}@${digest} names no layer (an image index? a package is one image)`, 422);
     }
-    return { bytes, layer, hit: got.hit };
+    const layerSize = last?.size;
+    if (typeof layerSize !== "number" || !Number.isSafeInteger(layerSize) || layerSize < 0) {
+      throw new UpstreamError(`${repository}@${digest}: its layer ${layer} declares no size`, 422);
+    }
+    return { bytes, layer, layerSize, hit: got.hit };
   }
 
   /** Path of the verified cached blob or manifest, fetching it once (shared by concurrent callers). */
   async get(
     repository: string,
     digest: string,
-    kind: "blob" | "manifest" = "blob",
+    kind: "blob" | "manifest",
+    maxBytes: number,
   ): Promise<{ file: string; hit: boolean }> {
     const file = this.file(digest);
     if (
@@ -156,19 +183,25 @@ export class BlobCache {
       return { file, hit: true };
     let p = this.inflight.get(digest);
     if (!p) {
-      p = this.fetch(repository, digest, file, kind).finally(() => this.inflight.delete(digest));
+      p = this.fetch(repository, digest, file, kind, maxBytes).finally(() => this.inflight.delete(digest));
       this.inflight.set(digest, p);
     }
     return { file: await p, hit: false };
   }
 
-  private async fetch(repository: string, digest: string, file: string, kind: "blob" | "manifest"): Promise<string> {
+  private async fetch(
+    repository: string,
+    digest: string,
+    file: string,
+    kind: "blob" | "manifest",
+    maxBytes: number,
+  ): Promise<string> {
     this.fetches++;
     const attempts = this.upstream.attempts ?? 3;
     let last: unknown;
     for (let attempt = 1; attempt <= attempts; attempt++) {
       try {
-        return await this.fetchOnce(repository, digest, file, kind);
+        return await this.fetchOnce(repository, digest, file, kind, maxBytes);
       } catch (err) {
         last = err;
         if (!retryable(err) || attempt === attempts) break;
@@ -191,8 +224,13 @@ export class BlobCache {
     digest: string,
     file: string,
     kind: "blob" | "manifest",
+    maxBytes: number,
   ): Promise<string> {
     const url = this.url(repository, digest, kind);
+    const tooLarge = (what: string) =>
+      new UpstreamError(
+        `upstream ${kind} ${repository}@${digest} ${what}, more than the ${maxBytes} bytes ${kind === "blob" ? "its manifest declares" : "a manifest may have"}; not cached, not served`,
+      );
     const accept = kind === "manifest" ? { accept: MANIFEST_TYPES } : {};
     const started = Date.now();
     let auth = this.bearer.get(repository) ?? this.basicAuth();
@@ -210,9 +248,19 @@ export class BlobCache {
           retry: { limit: 0 },
           timeout: { request: this.upstream.timeoutMs ?? 600_000 },
         });
+        stream.once("response", (res: { headers: Record<string, string | string[] | undefined> }) => {
+          const announced = Number(res.headers["content-length"] ?? Number.NaN);
+          if (announced > maxBytes) stream.destroy(tooLarge(`announces ${announced} bytes`));
+        });
+        // Stop at the declared size: a registry that sends more is cut off there, before the
+        // excess reaches the disk.
         for await (const chunk of stream) {
-          hash.update(chunk as Buffer);
           bytes += (chunk as Buffer).length;
+          if (bytes > maxBytes) {
+            stream.destroy();
+            throw tooLarge(`sent more than ${maxBytes} bytes`);
+          }
+          hash.update(chunk as Buffer);
           await fh.write(chunk as Buffer);
         }
         const got_ = `sha256:${hash.digest("hex")}`;
@@ -336,6 +384,7 @@ export function createHandler(opts: ProxyOptions, cache: BlobCache, stats: Proxy
       res.writeHead(200, { "Content-Type": "text/plain; version=0.0.4" });
       return void res.end(metricsText({ ...stats, upstreamFetches: cache.fetches }));
     }
+    if (hasBody(req)) return refuseBody(req, res, "a request takes no body\n", "text/plain; charset=utf-8");
     if (url.pathname !== "/package") return send(res, 404, `no such path ${url.pathname}; use GET /package?digest=…`);
     if (req.method !== "GET" && req.method !== "HEAD") {
       res.setHeader("Allow", "GET, HEAD");
@@ -367,7 +416,7 @@ export function createHandler(opts: ProxyOptions, cache: BlobCache, stats: Proxy
       const m = await cache.manifest(repository, digest);
       manifest = m.bytes;
       layer = m.layer;
-      const got = await cache.get(repository, layer);
+      const got = await cache.get(repository, layer, "blob", m.layerSize);
       file = got.file;
       if (got.hit && m.hit) stats.cacheHits++;
     } catch (err) {
@@ -442,13 +491,22 @@ export async function startPackagesProxy(
   };
   const cache = new BlobCache(opts.cacheDir, opts.upstream, opts.log);
   const handler = createHandler(opts, cache, stats);
-  const server = https.createServer({ cert: opts.tls.cert, key: opts.tls.key }, (req, res) => {
-    handler(req, res).catch((err: Error) => {
-      opts.log.error({ err: err.message }, "request failed");
-      if (!res.headersSent) send(res, 500, "internal error");
-      else res.destroy();
-    });
-  });
+  const limits = { ...DEFAULT_LISTENER_LIMITS, ...opts.limits };
+  const server = https.createServer(
+    { ...tlsServerOptions(limits), cert: opts.tls.cert, key: opts.tls.key },
+    (req, res) => {
+      handler(req, res).catch((err: Error) => {
+        opts.log.error({ err: err.message }, "request failed");
+        if (!res.headersSent) send(res, 500, "internal error");
+        else res.destroy();
+      });
+    },
+  );
+  limitConnections(server, limits);
+  // Node's own clocks as a second line: a request's headers within 10 s, the whole request
+  // (it has no body) within 30 s; a response streaming a large package is not limited.
+  server.headersTimeout = limits.firstRequestTimeoutMs;
+  server.requestTimeout = 30_000;
   const host = listen.host ?? "127.0.0.1";
   await new Promise<void>((resolve, reject) => {
     server.once("error", reject);

@@ -18,6 +18,7 @@ import type {
 } from "./inputs.ts";
 import { renderTemplate } from "./templates.ts";
 import { nextEpochChangeMs, updateEpoch } from "./update-epoch.ts";
+import { checkNodeUserCount, checkServable } from "./limits.ts";
 import { checkConfiguration, checkContext, checkGroupName, checkNodeUser, checkScriptSize } from "./validate.ts";
 
 export interface ServedObject {
@@ -215,6 +216,7 @@ export function renderGroup(ng: NodeGroupObject, inputs: RenderInputs, nowMs: nu
   checkContext(ctx);
   const context = bundleContext(ng, ctx, nowMs);
   const selected = inputs.users.filter((u) => selects(u.spec?.nodeGroups, group)).sort(byName);
+  checkNodeUserCount(group, selected.length);
   const packages = packageRefs(ctx);
   // A bad NodeUser and a bad NodeGroupConfiguration are both reported, not only the first.
   const errors: RenderError[] = [];
@@ -265,6 +267,7 @@ export function renderGroup(ng: NodeGroupObject, inputs: RenderInputs, nowMs: nu
     steps,
     checksum,
   };
+  checkServable(bundle);
 
   const agentRef = packages.find((p) => p.name === ctx.agent.package)!;
   const bashible: ServedObject = {

@@ -18,6 +18,7 @@ import { writeChecksums } from "./checksums.ts";
 import { RenderLoop } from "./render-loop.ts";
 import { Metrics } from "./metrics.ts";
 import { serve, type RunningServer } from "./server.ts";
+import type { ListenerLimits } from "../listener-limits.ts";
 import { BundleStore } from "./store.ts";
 import { WatchHub } from "./watch.ts";
 import { ChecksumGate } from "./checksum-gate.ts";
@@ -55,6 +56,8 @@ export interface AppOptions {
   lease?: LeaseTiming;
   /** Let several server processes on one host listen on the same port. */
   reusePort?: boolean;
+  /** The listener's connection cap and timeouts (cluster/listener-limits.ts). */
+  limits?: Partial<ListenerLimits>;
   nodeCacheTtlMs?: number;
   now?: () => number;
 }
@@ -238,6 +241,7 @@ export async function startBundleServer(o: AppOptions): Promise<App> {
       host: o.host ?? "0.0.0.0",
       port: o.port ?? 9443,
       reusePort: o.reusePort,
+      limits: o.limits,
       fresh: gate ? freshness(store, gate, loop) : undefined,
     });
   } catch (err) {

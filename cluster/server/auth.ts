@@ -19,6 +19,7 @@
 import type { X509Certificate } from "node:crypto";
 import type { IncomingMessage } from "node:http";
 import type { TLSSocket } from "node:tls";
+import { tokenScope } from "../bootstrap-scope.ts";
 
 export interface Identity {
   user: string;
@@ -27,11 +28,7 @@ export interface Identity {
   via: "front-proxy" | "client-certificate";
 }
 
-/** Deckhouse's extra group for node bootstrap tokens (its RBAC binds this group). */
-export const BOOTSTRAP_GROUP = "system:bootstrappers:d8-node-manager";
-/** Our tokens also carry `<BOOTSTRAP_GROUP>:<node group>`, which scopes them without a lookup. */
-export const BOOTSTRAP_GROUP_PREFIX = `${BOOTSTRAP_GROUP}:`;
-const BOOTSTRAP_USER_PREFIX = "system:bootstrap:";
+export { BOOTSTRAP_GROUP, BOOTSTRAP_GROUP_PREFIX } from "../bootstrap-scope.ts";
 
 export interface AuthConfig {
   /** CAs whose direct leaf certificates may act as the front proxy. */
@@ -109,13 +106,14 @@ export function authenticate(req: IncomingMessage, cfg: AuthConfig): Identity | 
   const user = req.headers["x-remote-user"];
   if (typeof user !== "string" || !user) return { user: "", groups: [], via: "front-proxy" };
   // The aggregator sends one X-Remote-Group header per group; rawHeaders keeps them apart
-  // under both HTTP/1.1 and HTTP/2.
+  // under both HTTP/1.1 and HTTP/2. A value is one group, commas and all, as Kubernetes reads
+  // it: splitting would turn a group named "dev,system:masters" into system:masters.
   const groups: string[] = [];
   const raw = req.rawHeaders;
   for (let i = 0; i + 1 < raw.length; i += 2) {
-    if (raw[i]!.toLowerCase() === "x-remote-group") groups.push(...raw[i + 1]!.split(",").map((s) => s.trim()));
+    if (raw[i]!.toLowerCase() === "x-remote-group" && raw[i + 1]) groups.push(raw[i + 1]!);
   }
-  return { user, groups: groups.filter(Boolean), via: "front-proxy" };
+  return { user, groups, via: "front-proxy" };
 }
 
 /** Which groups an identity may read: "all", or a set (possibly empty). */
@@ -127,16 +125,10 @@ export async function scopeOf(
   tokenGroupOf?: (tokenId: string) => Promise<string | undefined>,
 ): Promise<Scope> {
   if (id.groups.includes("system:masters")) return "all";
-  const groups = new Set<string>();
-  for (const g of id.groups)
-    if (g.startsWith(BOOTSTRAP_GROUP_PREFIX)) groups.add(g.slice(BOOTSTRAP_GROUP_PREFIX.length));
-  if (
-    !groups.size &&
-    tokenGroupOf &&
-    id.user.startsWith(BOOTSTRAP_USER_PREFIX) &&
-    id.groups.includes(BOOTSTRAP_GROUP)
-  ) {
-    const group = await tokenGroupOf(id.user.slice(BOOTSTRAP_USER_PREFIX.length));
+  const token = tokenScope(id.user, id.groups);
+  const groups = token.groups;
+  if (token.lookupTokenId && tokenGroupOf) {
+    const group = await tokenGroupOf(token.lookupTokenId);
     if (group) groups.add(group);
   }
   if (id.user.startsWith("system:node:") && id.groups.includes("system:nodes")) {

@@ -16,7 +16,7 @@ import { BOOTSTRAP_TOKEN_GROUP_LABEL, NAMESPACE, SECRETS } from "../../bundles/n
 import type { RenderInputs } from "../render/inputs.ts";
 import type { RenderedGroup } from "../render/render.ts";
 import { renderTemplate } from "../render/templates.ts";
-import { BOOTSTRAP_GROUP, BOOTSTRAP_GROUP_PREFIX } from "./auth.ts";
+import { BOOTSTRAP_GROUP, BOOTSTRAP_GROUP_PREFIX } from "../bootstrap-scope.ts";
 
 export const TOKEN_TTL_MS = 4 * 3600_000;
 export const TOKEN_RENEW_BELOW_MS = 3 * 3600_000;

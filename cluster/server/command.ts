@@ -1,9 +1,8 @@
 // `bashible server`: the cluster-side bundle server (bashible.deckhouse.io/v1alpha1).
 import { existsSync } from "node:fs";
-import { mkdir, readFile } from "node:fs/promises";
+import { chmod, readFile } from "node:fs/promises";
 import os from "node:os";
 import v8 from "node:v8";
-import path from "node:path";
 import { EXIT, UsageError, type Command } from "../../lib/cli.ts";
 import { KubeClient } from "../../lib/kube/client.ts";
 import { loadKubeconfig } from "../../lib/kube/kubeconfig.ts";
@@ -14,17 +13,27 @@ import { installCrds } from "../crds/install.ts";
 import { CONTROLLER_FLAGS, CONTROLLER_FLAGS_HELP, controllerSettings } from "../controllers/command.ts";
 import { asset } from "../../lib/assets.ts";
 import * as fencingCtl from "../controllers/fencing.ts";
+import { DEFAULT_LISTENER_LIMITS } from "../listener-limits.ts";
+import { defaultStateDir, privateDirectory, UnsafeDirectoryError } from "./private-dir.ts";
 
 /** Standalone without given certificates: a CA, a serving certificate and an admin client certificate. */
-async function selfSigned(certDir: string, hosts: string[]) {
+async function selfSigned(dir: string, hosts: string[]) {
   const { createCA, issueCert } = await import("../../lib/pki.ts");
-  await mkdir(certDir, { recursive: true, mode: 0o700 });
+  let certDir: string;
+  try {
+    certDir = await privateDirectory(dir);
+  } catch (err) {
+    if (err instanceof UnsafeDirectoryError) throw new UsageError(`--cert-dir ${dir}: ${err.message}`);
+    throw err;
+  }
   const ca = await createCA(certDir, "ca", "bashible-server-ca");
   const dnsNames = hosts.filter((h) => !/^[\d.]+$|:/.test(h));
   const ips = hosts.filter((h) => /^[\d.]+$|:/.test(h));
   const serving = await issueCert(certDir, "serving", ca, { cn: "bashible-server", dnsNames, ips });
   const admin = await issueCert(certDir, "admin", ca, { cn: "admin", orgs: ["system:masters"], client: true });
-  return { ca, serving, admin };
+  // openssl writes with the umask; the directory already keeps others out, the keys say so too.
+  for (const key of [ca.key, serving.key, admin.key]) await chmod(key, 0o600);
+  return { certDir, ca, serving, admin };
 }
 
 /** kube-system/extension-apiserver-authentication: requestheader-client-ca-file and -allowed-names. */
@@ -90,9 +99,16 @@ Serving:
       --client-ca-file FILE   CA for user client certificates (CN = user, O = groups)
       --standalone            no front proxy: users authenticate with client certificates. Without
                               --tls-cert-file, writes a CA, serving and admin client certificate to
-                              --cert-dir (default $TMPDIR/bashible-server) and trusts that CA
-      --cert-dir DIR          where --standalone writes its certificates
+                              --cert-dir and trusts that CA
+      --cert-dir DIR          where --standalone writes its certificates: a directory only this
+                              user can reach (created 0700; a link, a foreign owner or a mode that
+                              lets others in is refused). Default: $STATE_DIRECTORY/certs under
+                              systemd, /var/lib/bashible-server as root, else
+                              \${XDG_STATE_HOME:-~/.local/state}/bashible-server
       --reuse-port            share the port with other server processes on this host
+      --max-connections N     concurrent connections, TLS handshakes included (default ${DEFAULT_LISTENER_LIMITS.maxConnections});
+                              a handshake has ${DEFAULT_LISTENER_LIMITS.handshakeTimeoutMs / 1000} s, the first request ${DEFAULT_LISTENER_LIMITS.firstRequestTimeoutMs / 1000} s, an idle
+                              connection ${DEFAULT_LISTENER_LIMITS.idleTimeoutMs / 1000} s
 
 ${fencingCtl.FENCING_CONTROLLER_HELP}
 
@@ -106,6 +122,7 @@ See docs/cluster.md for the formats and the authorization model.`,
     "no-manage-secrets": { type: "boolean" },
     "no-controllers": { type: "boolean" },
     "reuse-port": { type: "boolean" },
+    "max-connections": { type: "string" },
     ...CONTROLLER_FLAGS,
     namespace: { type: "string" },
     address: { type: "string" },
@@ -130,6 +147,9 @@ See docs/cluster.md for the formats and the authorization model.`,
     if (!Number.isInteger(port) || port < 0 || port > 65535)
       throw new UsageError(`--port '${str("port")}' is not a port`);
     const address = str("address") ?? "0.0.0.0";
+    const maxConnections = Number(str("max-connections") ?? DEFAULT_LISTENER_LIMITS.maxConnections);
+    if (!Number.isInteger(maxConnections) || maxConnections < 1)
+      throw new UsageError(`--max-connections '${str("max-connections")}' is not a positive whole number`);
     const settings = controllerSettings(v);
 
     let kube: KubeClient | undefined;
@@ -177,8 +197,8 @@ See docs/cluster.md for the formats and the authorization model.`,
     if (!!cert !== !!key) throw new UsageError("--tls-cert-file and --tls-private-key-file go together");
     if (!cert) {
       if (!v.standalone) throw new UsageError("--tls-cert-file is required (or --standalone for a self-signed one)");
-      const certDir = str("cert-dir") ?? path.join(os.tmpdir(), "bashible-server");
-      const pki = await selfSigned(certDir, ["localhost", "127.0.0.1", os.hostname()]);
+      const pki = await selfSigned(str("cert-dir") ?? defaultStateDir(), ["localhost", "127.0.0.1", os.hostname()]);
+      const certDir = pki.certDir;
       cert = await readFile(pki.serving.cert);
       key = await readFile(pki.serving.key);
       if (!clientCA) clientCA = await readFile(pki.ca.cert);
@@ -214,6 +234,7 @@ See docs/cluster.md for the formats and the authorization model.`,
         : { controller: { evictionRetryMs: settings.evictionRetryMs, drainTimeoutMs: settings.drainTimeoutMs } },
       lease: { leaseDurationSeconds: settings.leaseDurationSeconds },
       reusePort: v["reuse-port"] === true,
+      limits: { maxConnections },
     });
     const fencing =
       kube && !v["no-controllers"] && !v["no-fencing-controller"]

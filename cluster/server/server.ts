@@ -9,6 +9,14 @@ import type { IncomingMessage, ServerResponse } from "node:http";
 import type { AddressInfo, Socket } from "node:net";
 import type { Logger } from "../../lib/log/log.ts";
 import { createHandler, type HandlerDeps } from "./handler.ts";
+import {
+  DEFAULT_LISTENER_LIMITS,
+  hasBody,
+  limitConnections,
+  type ListenerLimits,
+  refuseBody,
+  tlsServerOptions,
+} from "../listener-limits.ts";
 
 export interface ServeOptions extends HandlerDeps {
   cert: Buffer;
@@ -19,6 +27,8 @@ export interface ServeOptions extends HandlerDeps {
   port: number;
   /** SO_REUSEPORT: several server processes on one host share the port (each takes a share of new connections). */
   reusePort?: boolean;
+  /** Connection cap and timeouts (cluster/listener-limits.ts); the defaults when not given. */
+  limits?: Partial<ListenerLimits>;
 }
 
 export interface RunningServer {
@@ -30,8 +40,10 @@ export interface RunningServer {
 export async function serve(opts: ServeOptions): Promise<RunningServer> {
   const handle = createHandler(opts);
   const log: Logger = opts.log;
+  const limits = { ...DEFAULT_LISTENER_LIMITS, ...opts.limits };
   const server = http2.createSecureServer(
     {
+      ...tlsServerOptions(limits),
       cert: opts.cert,
       key: opts.key,
       ...(opts.clientCAPems.length ? { ca: opts.clientCAPems } : {}),
@@ -49,6 +61,21 @@ export async function serve(opts: ServeOptions): Promise<RunningServer> {
       // The HTTP/2 compatibility objects offer the same surface the handler uses.
       const req = h2req as unknown as IncomingMessage;
       const res = h2res as unknown as ServerResponse;
+      if (hasBody(req)) {
+        return refuseBody(
+          req,
+          res,
+          JSON.stringify({
+            kind: "Status",
+            apiVersion: "v1",
+            status: "Failure",
+            reason: "RequestEntityTooLarge",
+            code: 413,
+            message: "these resources are read-only: a request takes no body",
+          }),
+          "application/json",
+        );
+      }
       handle(req, res).catch((err: Error) => {
         log.error({ err: err.message, url: req.url }, "request failed");
         if (!res.headersSent) {
@@ -67,12 +94,14 @@ export async function serve(opts: ServeOptions): Promise<RunningServer> {
       });
     },
   );
+  limitConnections(server, limits);
   const sockets = new Set<Socket>();
   server.on("connection", (s: Socket) => {
     sockets.add(s);
     s.once("close", () => sockets.delete(s));
   });
-  // Idle keep-alive sockets and watches both sit here; neither needs a socket-level timeout.
+  // Watches stream for an hour without a byte from the client: no socket-level timeout. Idle
+  // connections are closed by limitConnections' clocks instead.
   server.setTimeout(0);
   // Read by the HTTP/1.1 fallback for its connections.
   Object.assign(server, { keepAliveTimeout: 150_000, headersTimeout: 20_000, requestTimeout: 30_000 });

@@ -368,6 +368,8 @@ async function main(): Promise<void> {
         "warn",
         "--log-format",
         "json",
+        // One TLS connection per node's watch: above the default connection cap (4096).
+        ...(transport === "direct" ? ["--max-connections", String(nodes + 1000)] : []),
       ],
       {
         stdio: ["ignore", "inherit", "inherit"],

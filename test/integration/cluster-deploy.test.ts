@@ -4,12 +4,15 @@
 // ServiceAccount's own token: the aggregated API answers, the leader writes its Secrets and
 // Leases, and the update controllers approve and drain a node, which proves the RBAC is enough.
 import t from "tap";
-import { spawn } from "node:child_process";
+import { execFileSync, spawn } from "node:child_process";
 import { open, readFile, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { parse } from "yaml";
-import { NODE_KEYS, SECRETS } from "../../bundles/names.ts";
+import { CONFIGMAPS, NODE_KEYS, SECRETS } from "../../bundles/names.ts";
+import { BOOTSTRAP_GROUP } from "../../cluster/bootstrap-scope.ts";
+import { KubeClient } from "../../lib/kube/client.ts";
+import { loadKubeconfig } from "../../lib/kube/kubeconfig.ts";
 import { getSecret, type KubeObject } from "../../lib/kube/api.ts";
 import { MAIN } from "../../scripts/lib/cli.ts";
 import { withControlPlane } from "../../scripts/lib/control-plane-fixture.ts";
@@ -167,4 +170,51 @@ t.test("the Deployment's two replicas, as processes with its arguments and its S
   const events = await cp.kubectl(["get", "events", "-n", "default", "--field-selector=involvedObject.name=worker-1"]);
   t.match(events, /BashibleUpdateApproved/);
   t.match(events, /BashibleDrained/);
+
+  // The kubelet client approver under the ServiceAccount: a worker token's bootstrap CSR for a
+  // new name is approved and its group recorded where the admission policy reads it.
+  const bootToken = await cp.mintBootstrapToken({ extraGroups: [BOOTSTRAP_GROUP, `${BOOTSTRAP_GROUP}:worker`] });
+  const booting = new KubeClient(
+    await loadKubeconfig(await cp.writeKubeconfig(path.join(cp.dir, "boot.kubeconfig"), { token: bootToken })),
+  );
+  t.teardown(() => booting.close());
+  const csrFile = path.join(cp.dir, "worker-9.csr");
+  execFileSync("openssl", [
+    "req",
+    "-new",
+    "-newkey",
+    "ec",
+    "-pkeyopt",
+    "ec_paramgen_curve:prime256v1",
+    "-nodes",
+    "-keyout",
+    path.join(cp.dir, "worker-9.key"),
+    "-out",
+    csrFile,
+    "-subj",
+    "/O=system:nodes/CN=system:node:worker-9",
+  ]);
+  await booting.request("POST", "/apis/certificates.k8s.io/v1/certificatesigningrequests", {
+    body: {
+      apiVersion: "certificates.k8s.io/v1",
+      kind: "CertificateSigningRequest",
+      metadata: { name: "worker-9-boot" },
+      spec: {
+        request: (await readFile(csrFile)).toString("base64"),
+        signerName: "kubernetes.io/kube-apiserver-client-kubelet",
+        usages: ["digital signature", "client auth"],
+      },
+    },
+  });
+  const approved = await until("the bootstrap CSR approved by the ServiceAccount", async () => {
+    const c = await get<{ status?: { conditions?: { type: string; message?: string }[] } }>(
+      "/apis/certificates.k8s.io/v1/certificatesigningrequests/worker-9-boot",
+    );
+    return c.status?.conditions?.find((x) => x.type === "Approved");
+  });
+  t.match(approved.message, /bootstrap token of node group worker/);
+  const cm = await get<{ data?: Record<string, string> }>(
+    `/api/v1/namespaces/${NS}/configmaps/${CONFIGMAPS.nodeGroups}`,
+  );
+  t.equal(cm.data?.["worker-9"], "worker", "the group recorded for the admission policy");
 });

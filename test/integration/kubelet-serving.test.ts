@@ -11,8 +11,8 @@ import { pino } from "pino";
 import { KubeletServingApprover, type Csr } from "../../cluster/controllers/kubelet-serving.ts";
 import { KubeClient } from "../../lib/kube/client.ts";
 import { loadKubeconfig } from "../../lib/kube/kubeconfig.ts";
-import { patchNodeStatus } from "../../lib/kube/api.ts";
-import { NODE_KEYS } from "../../bundles/names.ts";
+import { createSecret, patchNodeStatus } from "../../lib/kube/api.ts";
+import { NAMESPACE, NODE_KEYS, SECRETS } from "../../bundles/names.ts";
 import { withControlPlane } from "../../scripts/lib/control-plane-fixture.ts";
 import { until } from "../../scripts/lib/until.ts";
 
@@ -26,6 +26,16 @@ const admin = cp.admin;
 // What the approver logs, to wait for its "waits" decision instead of for time.
 const lines: { msg?: string; csr?: string; reason?: string }[] = [];
 const log = pino({ level: "info" }, { write: (s: string) => void lines.push(JSON.parse(s)) });
+// The bundle context names an API server endpoint that no EndpointSlice lists (nodes dial it).
+await admin.request("POST", "/api/v1/namespaces", {
+  body: { apiVersion: "v1", kind: "Namespace", metadata: { name: NAMESPACE } },
+});
+await createSecret(admin, {
+  apiVersion: "v1",
+  kind: "Secret",
+  metadata: { name: SECRETS.context, namespace: NAMESPACE },
+  stringData: { [SECRETS.contextKey]: "apiserverEndpoints: ['10.0.0.10:6443', 'api.example.com:6443']\n" },
+});
 const approver = new KubeletServingApprover({ client: admin, log });
 approver.start();
 t.teardown(() => approver.stop());
@@ -195,4 +205,44 @@ t.test("requests that are not a kubelet's serving certificate are denied with th
     await submit(by, name, req, usages);
     t.match(await decided(name), { type: "Denied", message: reason }, name);
   }
+});
+
+t.test("a Node named like a Service gets no name a pod would take for that Service", async (t) => {
+  await node("kubernetes", [{ type: "InternalIP", address: "10.0.0.21" }]);
+  const k8s = await asNode("kubernetes");
+  await submit(k8s, "kubernetes-short", request({ cn: "system:node:kubernetes", san: "DNS:kubernetes,IP:10.0.0.21" }));
+  t.match(await decided("kubernetes-short"), {
+    type: "Denied",
+    message: /kubernetes is the name of Service default\/kubernetes/,
+  });
+  await submit(k8s, "kubernetes-ns", request({ cn: "system:node:kubernetes", san: "DNS:kubernetes.default" }));
+  t.match(await decided("kubernetes-ns"), { type: "Denied", message: /the form <service>\.<namespace>/ });
+
+  await admin.request("POST", "/api/v1/namespaces", {
+    body: { apiVersion: "v1", kind: "Namespace", metadata: { name: "vault" } },
+  });
+  await admin.request("POST", "/api/v1/namespaces/vault/services", {
+    body: { apiVersion: "v1", kind: "Service", metadata: { name: "vault" }, spec: { ports: [{ port: 8200 }] } },
+  });
+  await node("vault", [{ type: "InternalIP", address: "10.0.0.22" }]);
+  const vault = await asNode("vault");
+  await submit(vault, "vault-ns", request({ cn: "system:node:vault", san: "DNS:vault.vault" }));
+  t.match(await decided("vault-ns"), { type: "Denied", message: /the form <service>\.<namespace>/ });
+  await submit(vault, "vault-short", request({ cn: "system:node:vault", san: "DNS:vault,IP:10.0.0.22" }));
+  t.match(await decided("vault-short"), { type: "Denied", message: /vault is the name of Service vault\/vault/ });
+});
+
+t.test("an API endpoint the bundle context names is denied though no EndpointSlice lists it", async (t) => {
+  await node("n3", [
+    { type: "InternalIP", address: "10.0.0.3" },
+    { type: "InternalIP", address: "10.0.0.10" },
+  ]);
+  const n3 = await asNode("n3");
+  await submit(n3, "n3-endpoint", request({ cn: "system:node:n3", san: "DNS:n3,IP:10.0.0.10" }));
+  t.match(await decided("n3-endpoint"), {
+    type: "Denied",
+    message: /10\.0\.0\.10 is an address of the API server or another endpoint of the cluster/,
+  });
+  await submit(n3, "n3-own", request({ cn: "system:node:n3", san: "DNS:n3,IP:10.0.0.3" }));
+  t.match(await decided("n3-own"), { type: "Approved" }, "its own address and name are approved");
 });

@@ -4,7 +4,10 @@
 import t from "tap";
 import { spawn } from "node:child_process";
 import { readdir, open, truncate, writeFile } from "node:fs/promises";
+import http from "node:http";
 import https from "node:https";
+import type { AddressInfo } from "node:net";
+import tls from "node:tls";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { startProxyFixture, withProxy } from "../../scripts/lib/packages-proxy.ts";
@@ -264,3 +267,96 @@ t.test(
     t.equal(second.stats.upstreamFetches, 1);
   },
 );
+
+t.test("a layer larger than its manifest declares is refused before the excess is read", async (t) => {
+  const proxy = await f.another();
+  const layer = await buildLayer(binaryPackage("swapped", "1"));
+  const { digest, layer: layerDigest } = await f.registry.pushPackage("deckhouse/packages/swapped", "1", layer);
+  // The registry's storage swapped for 64 MiB under the same digest: it announces the new length.
+  await writeFile(f.registry.blobPath(layerDigest), Buffer.alloc(64 << 20, 1));
+  const res = await get(pkgUrl(proxy.url, digest, "deckhouse/packages/swapped"), auth);
+  t.equal(res.status, 502);
+  t.match(
+    res.body.toString(),
+    `announces ${64 << 20} bytes, more than the ${layer.length} bytes its manifest declares`,
+  );
+  for (const c of (await readdir(f.dir)).filter((n) => n.startsWith("cache-"))) {
+    t.notOk((await cachedFiles(path.join(f.dir, c))).includes(layerDigest.slice(7)), `${c} holds nothing of it`);
+  }
+});
+
+t.test("a registry streaming a layer without a length is cut off at the declared size", async (t) => {
+  // A hostile registry: a valid manifest declaring a 1024-byte layer, then 64 MiB of "layer".
+  const layerBytes = Buffer.alloc(1024, 7);
+  const layerDigest = sha256(layerBytes);
+  const manifest = Buffer.from(
+    JSON.stringify({
+      schemaVersion: 2,
+      mediaType: "application/vnd.oci.image.manifest.v1+json",
+      config: { mediaType: "application/vnd.oci.image.config.v1+json", digest: layerDigest, size: 1024 },
+      layers: [{ mediaType: "application/vnd.oci.image.layer.v1.tar+gzip", digest: layerDigest, size: 1024 }],
+    }),
+  );
+  let written = 0;
+  let finished = false;
+  let cutOff!: () => void;
+  const closed = new Promise<void>((r) => (cutOff = r));
+  const hostile = http.createServer(async (req, res) => {
+    if (req.url?.includes("/manifests/")) {
+      res.writeHead(200, { "Content-Type": "application/vnd.oci.image.manifest.v1+json" });
+      return void res.end(manifest);
+    }
+    res.writeHead(200, { "Content-Type": "application/octet-stream" }); // chunked: no length announced
+    res.once("close", () => cutOff());
+    const chunk = Buffer.alloc(64 << 10, 7);
+    while (written < 64 << 20 && !res.destroyed) {
+      written += chunk.length;
+      if (!res.write(chunk)) await new Promise((r) => res.once("drain", r).once("close", r));
+    }
+    res.end(() => (finished = true));
+  });
+  await new Promise<void>((r) => hostile.listen(0, "127.0.0.1", () => r()));
+  t.teardown(() => hostile.close());
+  const proxy = await f.another({ upstream: { url: `http://127.0.0.1:${(hostile.address() as AddressInfo).port}` } });
+  const res = await get(pkgUrl(proxy.url, sha256(manifest), "deckhouse/packages/hostile"), auth);
+  t.equal(res.status, 502);
+  t.match(res.body.toString(), "sent more than 1024 bytes, more than the 1024 bytes its manifest declares");
+  await closed;
+  t.notOk(finished, "the 64 MiB were never all taken");
+  t.ok(written < 16 << 20, `the proxy stopped reading: ${written} bytes left the registry (socket buffers included)`);
+});
+
+t.test("idle connections to the proxy are closed, a body is refused, and a real client is served", async (t) => {
+  const proxy = await startPackagesProxy({
+    upstream: { url: f.registry.url, attempts: 1 },
+    cacheDir: path.join(f.dir, "limits-cache"),
+    token: f.token,
+    tls: f.tls,
+    log: createLogger({ level: "silent" }),
+    limits: { maxConnections: 30, firstRequestTimeoutMs: 1000 },
+  });
+  t.teardown(() => proxy.close());
+  const idle = await Promise.all(
+    Array.from(
+      { length: 20 },
+      () =>
+        new Promise<Promise<void>>((resolve, reject) => {
+          const s = tls.connect({ host: "127.0.0.1", port: proxy.port, ca: f.clusterCA });
+          const closed = new Promise<void>((r) => s.once("close", () => r()));
+          s.once("secureConnect", () => resolve(closed));
+          s.once("error", reject);
+        }),
+    ),
+  );
+  const layer = await buildLayer(binaryPackage("limits", "1"));
+  const { digest } = await f.registry.pushPackage("deckhouse/packages/limits", "1", layer);
+  const res = await get(pkgUrl(proxy.url, digest, "deckhouse/packages/limits"), auth);
+  t.equal(res.status, 200, "served while 20 idle connections are held");
+  await Promise.all(idle);
+  t.pass("the idle connections were closed by the proxy");
+  const withBody = await get(pkgUrl(proxy.url, digest, "deckhouse/packages/limits"), {
+    ...auth,
+    "content-length": String(64 << 20),
+  }).catch((e: Error) => ({ status: -1, body: Buffer.from(e.message) }));
+  t.equal(withBody.status, 413, "a request body is refused unread");
+});

@@ -47,7 +47,11 @@ const node = (name: string, ...addresses: string[]) => ({
   metadata: { name },
   status: { addresses: addresses.map((address) => ({ type: "InternalIP", address })) },
 });
-/** What the approver knows: the managed Nodes' addresses, the API server at 10.96.0.1 and 192.168.0.10. */
+/**
+ * What the approver knows: the managed Nodes' addresses; the API server at 10.96.0.1 and
+ * 192.168.0.10, the context's endpoints 10.0.0.10 and api.example.com; Services `kubernetes`
+ * (default) and `vault` (vault); no Service named n1 or n2.
+ */
 const owners = (...nodes: ReturnType<typeof node>[]): Known => {
   const m = new Map<string, Set<string>>();
   for (const nd of nodes)
@@ -55,7 +59,17 @@ const owners = (...nodes: ReturnType<typeof node>[]): Known => {
       const k = canonicalAddress(a.address) ?? a.address;
       m.set(k, new Set([...(m.get(k) ?? []), nd.metadata.name]));
     }
-  return { addressOwners: m, apiServer: new Set(["10.96.0.1", "192.168.0.10"]) };
+  return {
+    addressOwners: m,
+    endpoints: { ips: new Set(["10.96.0.1", "192.168.0.10", "10.0.0.10"]), names: new Set(["api.example.com"]) },
+    services: new Map([
+      ["n1", null],
+      ["n2", null],
+      ["api", null],
+      ["kubernetes", "default/kubernetes"],
+      ["vault", "vault/vault"],
+    ]),
+  };
 };
 
 t.test("the common name must be the requesting node", async (t) => {
@@ -100,7 +114,7 @@ t.test("names: the node's own only, no wildcard, no Service name", async (t) => 
     verdict: "deny",
     reason: /not the node's name n1/,
   });
-  t.match(judge(csr("system:node:n1", "DNS:n1.svc"), n1, k), { verdict: "deny", reason: /Service name/ });
+  t.match(judge(csr("system:node:n1", "DNS:n1.svc"), n1, k), { verdict: "deny", reason: /Service or Pod name/ });
   t.match(judge(csr("system:node:n1", "DNS:n1."), n1, k), { verdict: "deny", reason: /not a DNS name/ });
 });
 
@@ -110,7 +124,7 @@ t.test("the API server's addresses are refused; unknown, everything waits", asyn
     verdict: "deny",
     reason: /10\.96\.0\.1 is an address of the API server/,
   });
-  t.match(judge(csr("system:node:n1", "IP:10.0.0.1"), n1, { ...owners(n1), apiServer: undefined }), {
+  t.match(judge(csr("system:node:n1", "IP:10.0.0.1"), n1, { ...owners(n1), endpoints: undefined }), {
     verdict: "wait",
     reason: /API server's addresses are not known/,
   });
@@ -133,4 +147,49 @@ t.test("a request whose bytes are not a CSR is denied with the parser's reason",
   const c = csr("system:node:n1", "DNS:n1");
   c.spec.request = Buffer.from("not a certificate request").toString("base64");
   t.match(judge(c, node("n1", "n1"), owners()), { verdict: "deny", reason: /not a valid PKCS#10 CSR: malformed CSR/ });
+});
+
+t.test("a node named like a Service gets no name a pod would take for that Service", async (t) => {
+  const k8s = node("kubernetes", "10.0.0.7");
+  const k = owners(k8s);
+  t.match(judge(csr("system:node:kubernetes", "DNS:kubernetes", "system:node:kubernetes"), k8s, k), {
+    verdict: "deny",
+    reason: /kubernetes is the name of Service default\/kubernetes/,
+  });
+  t.match(judge(csr("system:node:kubernetes", "DNS:kubernetes.default", "system:node:kubernetes"), k8s, k), {
+    verdict: "deny",
+    reason: /the form <service>\.<namespace>/,
+  });
+  const vault = node("vault", "10.0.0.8");
+  t.match(judge(csr("system:node:vault", "DNS:vault.vault", "system:node:vault"), vault, owners(vault)), {
+    verdict: "deny",
+    reason: /the form <service>\.<namespace>/,
+  });
+  for (const name of ["n1.default.svc", "n1.default.svc.cluster.local", "n1.ns.pod.cluster.local"]) {
+    const n1 = node("n1", "10.0.0.1");
+    t.match(
+      judge(csr("system:node:n1", `DNS:${name}`), n1, owners(n1)),
+      { verdict: "deny", reason: /svc or pod/ },
+      name,
+    );
+  }
+  const n1 = node("n1", "10.0.0.1");
+  t.match(judge(csr("system:node:n1", "DNS:n1,DNS:n1.dc1.example.com"), n1, owners(n1)), { verdict: "approve" });
+  t.match(judge(csr("system:node:n1", "DNS:n1"), n1, { ...owners(n1), services: new Map() }), {
+    verdict: "wait",
+    reason: /cannot tell yet whether n1 is a Service's name/,
+  });
+});
+
+t.test("the context's endpoints are refused, by address and by name", async (t) => {
+  const n1 = node("n1", "10.0.0.1", "10.0.0.10");
+  t.match(judge(csr("system:node:n1", "DNS:n1,IP:10.0.0.10"), n1, owners(n1)), {
+    verdict: "deny",
+    reason: /10\.0\.0\.10 is an address of the API server or another endpoint/,
+  });
+  const api = node("api", "10.0.0.3");
+  t.match(judge(csr("system:node:api", "DNS:api.example.com", "system:node:api"), api, owners(api)), {
+    verdict: "deny",
+    reason: /api\.example\.com is an endpoint of the cluster/,
+  });
 });

@@ -1,8 +1,11 @@
 // The cluster side of the end-to-end scenario, everything real and on this machine:
-//   - etcd, kube-apiserver and kube-controller-manager (CSR signing with the cluster CA, kubelet
-//     client certificates auto-approved through kubeadm's RBAC), kube-apiserver listening on
-//     0.0.0.0 so a node in its own network namespace reaches it over its veth;
-//   - the CRDs, the server's RBAC from cluster/deploy, the context Secret;
+//   - etcd, kube-apiserver and kube-controller-manager (CSR signing with the cluster CA; renewals
+//     of kubelet client certificates approved by it; bootstrap client CSRs NOT: kubeadm's
+//     nodeclient binding is left out, as cluster/deploy/kubelet-bootstrap-rbac.yaml says, and the
+//     bundle server's kubelet client approver decides them), kube-apiserver listening on 0.0.0.0
+//     so a node in its own network namespace reaches it over its veth;
+//   - the CRDs, the server's RBAC, the kubelet bootstrap RBAC and the admission policies from
+//     cluster/deploy, the context Secret;
 //   - `bashible server` (the built agent, its own process, as a cluster runs it) registered as
 //     the aggregated API: writers, update controllers and the fencing controller on;
 //   - a real OCI registry (docker-registry, loopback only) holding the registry packages
@@ -155,7 +158,6 @@ export async function startE2eCluster(o: {
       bindAddress: "0.0.0.0",
       serverNames: [CONTROL_PLANE_HOST],
       controllerManager: true,
-      kubeletBootstrapRbac: true,
       // The kubelet's serving certificate is verified, as a production cluster does: `kubectl
       // logs` works only once the approver approved it and kube-controller-manager signed it.
       verifyKubeletServing: true,
@@ -199,7 +201,7 @@ export async function startE2eCluster(o: {
     await installCrds(cp.admin);
     await apply({ apiVersion: "v1", kind: "Namespace", metadata: { name: NAMESPACE } });
     const deploy = path.resolve(import.meta.dirname, "../../../cluster/deploy");
-    for (const f of ["rbac.yaml", "fencing-rbac.yaml", "node-group-label-policy.yaml"]) {
+    for (const f of ["rbac.yaml", "fencing-rbac.yaml", "kubelet-bootstrap-rbac.yaml", "node-group-label-policy.yaml"]) {
       await cp.kubectl(["apply", "-f", path.join(deploy, f)]);
     }
     const agentVersion = o.packages.find((p) => p.name === "bashible")?.version;
