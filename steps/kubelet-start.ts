@@ -34,7 +34,7 @@ export function notJoinedMessage(seconds: number, kubelet: string, group: string
   return [
     `the kubelet has no client certificate after ${seconds} s (${PEM}); ${kubelet}. Check:`,
     "the kubelet's log (journalctl -u kubelet): it names the API server it tried and the error;",
-    "its certificate signing request (kubectl get csr): bootstrap CSRs are approved by kube-controller-manager (csrapproving) and signed by it (csrsigning);",
+    "its certificate signing request (kubectl get csr): the bashible controllers approve a bootstrap CSR only for a name no other machine holds and a token of this group (a Denied CSR says why), kube-controller-manager signs it (csrsigning);",
     `the bootstrap token in ${PATHS.bootstrapToken}: bootstrap tokens expire after 4 h, a fresh one comes with bootstrap.sh from Secret d8-cloud-instance-manager/manual-bootstrap-for-${group};`,
     "the clock (timedatectl): a skewed clock makes certificates look expired or not yet valid;",
     "the API servers through the local proxy (curl -k https://127.0.0.1:6445/healthz, journalctl -u kubernetes-api-proxy)",
