@@ -44,6 +44,7 @@ import { sleep } from "../../lib/sleep.ts";
 import { Registry } from "../../lib/prometheus.ts";
 import { EarlyOom, type EarlyOomConfig } from "../../agent/early-oom/early-oom.ts";
 import { StaticPods } from "../../agent/early-oom/pods.ts";
+import { DEFAULT_EARLY_OOM } from "../../agent/early-oom/config.ts";
 import { killPod } from "../../agent/early-oom/kill.ts";
 
 const { values } = parseArgs({
@@ -253,7 +254,7 @@ if (!values["skip-onset"]) {
     `stall onset on a calm node → kill, beyond the trigger's 3 s duration (stepped clock, 1 s window, ${RUNS} runs at random phases):`,
   );
   say(`  fixed 250 ms sampling:            ${line(fixed)}`);
-  say(`  adaptive (1 s calm, 250 ms near): ${line(adaptive)}`);
+  say(`  adaptive (${DEFAULT_EARLY_OOM.calmSampleIntervalMs} ms calm, 250 ms near): ${line(adaptive)}`);
 }
 
 /** Wall ms from a real thrash's readers starting to the kill, alternating fixed and adaptive. */
