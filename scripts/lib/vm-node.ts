@@ -146,6 +146,7 @@ export interface VmNode {
   stop(timeoutMs?: number): Promise<void>;
   /** stop() and remove the temp dir. */
   dispose(): Promise<void>;
+  /** QEMU runs, or has exited and `lastExit` is not yet known: false means lastExit says why. */
   running(): boolean;
   /** QEMU's resident memory in bytes (0 when not running). */
   rssBytes(): number;
@@ -453,6 +454,8 @@ export async function bootVm(opts: VmOptions = {}): Promise<VmNode> {
     (await readConsole()).slice(bootStart).trimEnd().split("\n").slice(-lines).join("\n");
 
   const running = () => child !== undefined && child.exitCode === null && child.signalCode === null;
+  /** Between QEMU's exit and its classification (QMP's last events, the console's panic). */
+  let accounting = false;
 
   /** Watches the console for a panic; kills QEMU once the panic's report is complete. */
   const watchConsole = async (final = false) => {
@@ -472,6 +475,7 @@ export async function bootVm(opts: VmOptions = {}): Promise<VmNode> {
   /** Why QEMU stopped, once it has: QMP's last SHUTDOWN event, or what the harness did. */
   const onExit = async (c: ChildProcess, q: () => Qmp | undefined) => {
     await new Promise<void>((r) => c.once("exit", () => r()));
+    accounting = true;
     // QEMU's last events may still be in the socket when the process is reaped.
     const conn = q();
     if (conn) await Promise.race([conn.closed, sleep(2000)]);
@@ -490,6 +494,7 @@ export async function bootVm(opts: VmOptions = {}): Promise<VmNode> {
     else if (killedByHarness) lastExit = "killed";
     else lastExit = "crashed";
     killedByHarness = false;
+    accounting = false;
     if (lastExit === "reset" && (opts.restartOnReboot || rebootRequested) && !stopping) {
       rebootError = undefined;
       rebooting = launch(Date.now() + bootTimeoutMs)
@@ -824,7 +829,7 @@ export async function bootVm(opts: VmOptions = {}): Promise<VmNode> {
       await node.stop();
       teardownSync(s);
     },
-    running,
+    running: () => running() || accounting,
     rssBytes() {
       if (!running()) return 0;
       const status = (() => {

@@ -218,7 +218,7 @@ if (!root) {
 
   /** A process that boots a node, prints it, then ends as `how` says. */
   function ownerProcess(how: "exit" | "hang"): Promise<{ child: ReturnType<typeof spawn>; node: NspawnNode }> {
-    const lib = path.resolve(import.meta.dirname, "../lib/nspawn-node.ts");
+    const lib = path.resolve(import.meta.dirname, "../../scripts/lib/nspawn-node.ts");
     const code = `
       import { bootNode } from ${JSON.stringify(lib)};
       const n = await bootNode({ root: ${JSON.stringify(lower)} });
