@@ -15,6 +15,12 @@ import { fileURLToPath } from "node:url";
 
 const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 
+/**
+ * The runtime's flags for every command (the launcher adds the daemon's own for `run`); the
+ * server image's entrypoint (scripts/image.ts) runs the runtime with the same ones.
+ */
+export const RUNTIME_FLAGS = ["--max-semi-space-size=1"] as const;
+
 export const LAUNCHER = `#!/bin/sh
 # bashible launcher: runs the bundled agent on the Node.js runtime shipped beside it.
 # Uses no external commands, so it works with an empty PATH and on nodes without Node.js.
@@ -30,9 +36,9 @@ fi
 # ~3 MB) and without materialising Node's bundled root CA store (it always pins the cluster
 # CA; ~2 MB). Converges run in a child with the full compiler and the default store.
 case "$1" in
-  run) exec "$here/bashible.d/node" --lite-mode --use-openssl-ca --max-semi-space-size=1 "$here/bashible.d/app/main.mjs" "$@" ;;
+  run) exec "$here/bashible.d/node" --lite-mode --use-openssl-ca ${RUNTIME_FLAGS.join(" ")} "$here/bashible.d/app/main.mjs" "$@" ;;
 esac
-exec "$here/bashible.d/node" --max-semi-space-size=1 "$here/bashible.d/app/main.mjs" "$@"
+exec "$here/bashible.d/node" ${RUNTIME_FLAGS.join(" ")} "$here/bashible.d/app/main.mjs" "$@"
 `;
 
 /** Bundles the agent into dir (ESM, code-split so each command loads only its own code). */

@@ -80,6 +80,7 @@ async function main(): Promise<void> {
   say("a registry with two packages, and the registry-packages proxy in front of it");
   const registry = await startRegistry({ parentDir: work });
   children.push({ kill: () => void registry.stop() } as unknown as ChildProcess);
+  console.log(`registry on ${registry.url} (loopback only)`);
   const pkgs: Record<string, { digest: string; repository: string }> = {};
   for (const [name, version] of [
     ["bashible", "0.1.0"],

@@ -22,18 +22,15 @@
 //
 // Output: DIR/<name>/{oci-layout,index.json,blobs/sha256/*} (the tag is the version) and
 // DIR/packages.json: name → version, manifest digest (what a bundle's `packages` names), layer
-// digest, and the node paths the package installs. scripts/lib/registry.ts pushes a layout
-// to a registry (`pushOciLayout`).
+// digest, and the node paths the package installs. `npm run push -- REGISTRY/PATH`
+// (scripts/push.ts) pushes them to a registry.
 // biome-ignore-all lint/suspicious/noTemplateCurlyInString: those strings are bash, where ${...} is bash's
-import { execFileSync, spawn } from "node:child_process";
-import { createHash } from "node:crypto";
-import { createWriteStream, existsSync } from "node:fs";
+import { execFileSync } from "node:child_process";
+import { existsSync } from "node:fs";
 import { chmod, cp, mkdir, mkdtemp, readdir, readFile, rename, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
-import { Transform } from "node:stream";
-import { pipeline } from "node:stream/promises";
-import { createGzip } from "node:zlib";
+import { writeImageLayout } from "./lib/oci-layout.ts";
 
 const REPO = path.resolve(import.meta.dirname, "..");
 const CACHE_ROOT = process.env.BASHIBLE_TEST_CACHE ?? "/var/cache/bashible-test";
@@ -163,8 +160,6 @@ export function uninstallScript(p: PackageSource): string {
 /** An OCI tag from a version: Debian's `~`, `+` and `:` are not allowed in tags. */
 export const tagOf = (version: string) => version.replace(/[^A-Za-z0-9_.-]/g, "_").slice(0, 128);
 
-const sha256hex = (b: Buffer | string) => createHash("sha256").update(b).digest("hex");
-
 /** Writes one package as an OCI image layout in out/<name>/. */
 export async function writePackage(p: PackageSource, out: string): Promise<BuiltPackage> {
   const staging = await mkdtemp(path.join(os.tmpdir(), `bashible-package-${p.name}-`));
@@ -188,101 +183,26 @@ export async function writePackage(p: PackageSource, out: string): Promise<Built
     }
 
     const dir = path.join(out, p.name);
-    await rm(dir, { recursive: true, force: true });
-    const blobs = path.join(dir, "blobs/sha256");
-    await mkdir(blobs, { recursive: true });
-    // Reproducible: sorted names, fixed times and owners; Node's gzip header carries no time.
-    const tar = spawn(
-      "tar",
-      [
-        "--sort=name",
-        "--mtime=@0",
-        "--owner=0",
-        "--group=0",
-        "--numeric-owner",
-        "--format=gnu",
-        "-C",
-        staging,
-        "-cf",
-        "-",
-        ".",
-      ],
-      { stdio: ["ignore", "pipe", "inherit"] },
-    );
-    const diffHash = createHash("sha256");
-    const layerHash = createHash("sha256");
-    let size = 0;
-    const tmpLayer = path.join(blobs, ".layer.tmp");
-    const tee = (hash: ReturnType<typeof createHash>, count = false) =>
-      new Transform({
-        transform(chunk: Buffer, _enc, cb) {
-          hash.update(chunk);
-          if (count) size += chunk.length;
-          cb(null, chunk);
-        },
-      });
-    const tarDone = new Promise<number>((r) => tar.once("close", (code) => r(code ?? 1)));
-    await pipeline(
-      tar.stdout,
-      tee(diffHash),
-      createGzip({ level: 6 }),
-      tee(layerHash, true),
-      createWriteStream(tmpLayer),
-    );
-    if ((await tarDone) !== 0) throw new Error(`package ${p.name}: tar failed`);
-    const layerHex = layerHash.digest("hex");
-    await rename(tmpLayer, path.join(blobs, layerHex));
-
-    const config = Buffer.from(
-      JSON.stringify({
+    const tag = tagOf(p.version);
+    const image = await writeImageLayout({
+      tree: staging,
+      dir,
+      tag,
+      config: {
         architecture: "amd64",
         os: "linux",
         config: { Labels: { "io.deckhouse.registry-package": p.name, "io.deckhouse.version": p.version } },
-        rootfs: { type: "layers", diff_ids: [`sha256:${diffHash.digest("hex")}`] },
-      }),
-    );
-    const configHex = sha256hex(config);
-    await writeFile(path.join(blobs, configHex), config);
-    const manifest = Buffer.from(
-      JSON.stringify({
-        schemaVersion: 2,
-        mediaType: "application/vnd.oci.image.manifest.v1+json",
-        config: {
-          mediaType: "application/vnd.oci.image.config.v1+json",
-          digest: `sha256:${configHex}`,
-          size: config.length,
-        },
-        layers: [{ mediaType: "application/vnd.oci.image.layer.v1.tar+gzip", digest: `sha256:${layerHex}`, size }],
-        annotations: { "org.opencontainers.image.title": p.name, "org.opencontainers.image.version": p.version },
-      }),
-    );
-    const manifestHex = sha256hex(manifest);
-    await writeFile(path.join(blobs, manifestHex), manifest);
-    const tag = tagOf(p.version);
-    await writeFile(path.join(dir, "oci-layout"), JSON.stringify({ imageLayoutVersion: "1.0.0" }));
-    await writeFile(
-      path.join(dir, "index.json"),
-      JSON.stringify({
-        schemaVersion: 2,
-        mediaType: "application/vnd.oci.image.index.v1+json",
-        manifests: [
-          {
-            mediaType: "application/vnd.oci.image.manifest.v1+json",
-            digest: `sha256:${manifestHex}`,
-            size: manifest.length,
-            annotations: { "org.opencontainers.image.ref.name": tag },
-          },
-        ],
-      }),
-    );
+      },
+      annotations: { "org.opencontainers.image.title": p.name, "org.opencontainers.image.version": p.version },
+    });
     return {
       name: p.name,
       version: p.version,
       tag,
       dir,
-      digest: `sha256:${manifestHex}`,
-      layer: `sha256:${layerHex}`,
-      size,
+      digest: image.digest,
+      layer: image.layer,
+      size: image.size,
       // In the order install places them.
       paths: [
         ...(p.trees ?? []).map((t) => `${t.dest}/`),

@@ -2,7 +2,7 @@ import { EXIT, type Command } from "../../lib/cli.ts";
 import { plan, type PlanReport } from "../converge/converge.ts";
 import { redact } from "../../lib/log/redact.ts";
 import { visible } from "../../lib/log/format.ts";
-import { CONVERGE_HELP, CONVERGE_OPTIONS, convergeOptions } from "./converge-options.ts";
+import { SOURCE_HELP, SOURCE_OPTIONS, convergeOptions } from "./converge-options.ts";
 
 function indent(text: string, by = "      "): string {
   return text
@@ -74,8 +74,9 @@ bundle could not be fetched: the plan shown is then against the last good one).
 Options:
       --json              print the plan as JSON
 
-${CONVERGE_HELP}`,
-  options: { ...CONVERGE_OPTIONS, json: { type: "boolean" } },
+${SOURCE_HELP}`,
+  // No retry or approval options: a dry run applies nothing, so it neither retries nor waits.
+  options: { ...SOURCE_OPTIONS, json: { type: "boolean" } },
   takesRoot: true,
   logTo: "stderr",
   async run({ values, root, log, stdout }) {

@@ -24,6 +24,8 @@ export const FENCING_HELP = `Fencing (when the node group has spec.fencing.mode 
       --fencing-port N        port the agents of a group ask each other on (default 4227)
       --fencing-address IP    this node's address for that endpoint: listen on it and ask
                               from it (default: listen on all addresses)
+      --fencing-listen-port N listen on N instead of --fencing-port (a proxy or NAT in front
+                              forwards the group's port to it; default: --fencing-port)
       --fencing-timings LIST  seconds: pet=${d.petIntervalMs / 1000},check=${d.checkIntervalMs / 1000},api=${d.apiTimeoutMs / 1000},peer=${d.peerTimeoutMs / 1000},rounds=${d.badRounds},kubelet=${d.kubeletStaleMs / 1000}
                               (detection window = check + rounds x max(check, api + peer)
                               = ${detectionWindowMs(d) / 1000} s by default; the cluster's threshold must exceed it

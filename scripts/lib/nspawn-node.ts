@@ -851,7 +851,16 @@ export interface RootSandbox {
    */
   run(
     argv: string[],
-    opts?: { user?: string; binds?: string[]; env?: Record<string, string>; timeoutMs?: number; cwd?: string },
+    opts?: {
+      user?: string;
+      /** Read-only bind mounts, `HOST:CONTAINER`. */
+      binds?: string[];
+      /** Writable bind mounts, `HOST:CONTAINER` (caches kept outside the sandbox). */
+      rwBinds?: string[];
+      env?: Record<string, string>;
+      timeoutMs?: number;
+      cwd?: string;
+    },
   ): Promise<ExecResult>;
   diff(): Promise<NodeDiff>;
   dispose(): Promise<void>;
@@ -901,6 +910,7 @@ export async function rootSandbox(lower: string, opts: { parentDir?: string } = 
         ...(o.user ? [`--user=${o.user}`] : []),
         ...(o.cwd ? [`--chdir=${o.cwd}`] : []),
         ...(o.binds ?? []).map((b) => `--bind-ro=${b}`),
+        ...(o.rwBinds ?? []).map((b) => `--bind=${b}`),
         ...Object.entries(o.env ?? {}).map(([k, v]) => `--setenv=${k}=${v}`),
         "--",
         ...argv,

@@ -2,7 +2,8 @@
 // plane through bootstrap.sh, changes apply, and cleanup_static_node.sh leaves no trace.
 //
 // Real parts only: etcd, kube-apiserver, kube-controller-manager (signs and approves the kubelet's
-// CSR), `bashible server` (the built agent) as the aggregated API with its controllers, a real
+// CSR), `bashible server` as the aggregated API with its controllers, run from the server image
+// (`npm run image`, built from this checkout) by containerd as the Deployment runs it, a real
 // OCI registry behind the registry-packages proxy holding what `npm run package` builds, and a
 // Debian machine booted with systemd-nspawn (systemd as PID 1) on its own network, reaching the
 // API server and the proxy over a veth. The machine gets bootstrap.sh from Secret

@@ -1,13 +1,17 @@
 // `npm run demo` on a fresh Debian machine: in a fresh `debootstrap --variant=minbase` root
 // (nothing installed beyond minbase), the demo's prerequisite check names exactly the Debian
 // packages the machine lacks, as a non-root user it says what to install, as root it installs
-// them, and then the whole demo passes there.
+// them, and then the whole demo passes there. Installing changes the machine no more than that:
+// docker-registry's own service (Debian enables and starts it, serving :5000 on every
+// interface) is not started and left disabled, on that machine without an init and on a booted
+// one with systemd; one the machine already had keeps its state.
 import t from "tap";
 import { realpathSync } from "node:fs";
 import path from "node:path";
 import { DEMO_PREREQUISITES } from "../../scripts/demo-prerequisites.ts";
 import { debianRoot, MINIMAL_PACKAGES } from "../../scripts/lib/debian-root.ts";
-import { rootSandbox } from "../../scripts/lib/nspawn-node.ts";
+import { localDebianRepo, serveRepo } from "../../scripts/lib/debian-mirror.ts";
+import { nodeForTest, rootSandbox } from "../../scripts/lib/nspawn-node.ts";
 
 if (process.getuid?.() !== 0) {
   t.plan(0, "needs root (debootstrap, overlayfs, systemd-nspawn)");
@@ -65,6 +69,47 @@ if (process.getuid?.() !== 0) {
     t.match(again.stdout, /all present/);
     const second = await run([node, check]);
     t.notMatch(second.stdout, /installed/, "a second run as root installs nothing");
+  });
+
+  t.test("on that machine (no init) docker-registry's service was not started and is not enabled", async (t) => {
+    // The install above ran in an earlier container; its state is in the root's files.
+    const r = await run(["sh", "-c", "ls /etc/rc2.d; systemctl is-enabled docker-registry.service; ls /usr/sbin"]);
+    t.match(r.stdout, /^K\d\ddocker-registry$/m, "its sysv link is a stop link");
+    t.notMatch(r.stdout, /^S\d\ddocker-registry$/m);
+    t.match(r.stdout, /^disabled$/m, "its unit is disabled");
+    t.notMatch(r.stdout, /^policy-rc\.d$/m, "no policy-rc.d left behind");
+  });
+
+  t.test("on a booted machine (systemd) the install leaves docker-registry's service off", async (t) => {
+    // A node: systemd as PID 1, installing from a local mirror of what docker-registry needs.
+    const repo = await localDebianRepo({ packages: ["docker-registry"], log: (l) => t.comment(l) });
+    const machine = await nodeForTest(t, { nspawnArgs: binds.map((b) => `--bind-ro=${b}`) });
+    const server = await serveRepo(repo.dir, machine.hostAddress);
+    t.teardown(() => server.close());
+    await machine.writeFile("/etc/apt/sources.list", `${server.sourcesLine}\n`);
+    await machine.mustExec(["apt-get", "update", "-q"]);
+    const state = async () =>
+      (
+        await machine.exec([
+          "sh",
+          "-c",
+          "echo enabled=$(systemctl is-enabled docker-registry.service) active=$(systemctl is-active docker-registry.service) policy=$(test -e /usr/sbin/policy-rc.d && echo present || echo absent)",
+        ])
+      ).stdout.trim();
+    const r = await machine.exec([node, check], { timeoutMs: 600_000 });
+    t.equal(r.exitCode, 0, r.stderr.slice(-2000));
+    t.match(r.stdout, "installed docker-registry; all present");
+    t.match(r.stdout, "demo: left docker-registry's own service disabled and stopped");
+    t.equal(await state(), "enabled=disabled active=inactive policy=absent");
+    const ss = await machine.exec(["sh", "-c", "grep -ci ':1388 [0-9A-F:]* 0A' /proc/net/tcp /proc/net/tcp6 || true"]);
+    t.match(ss.stdout, /tcp:0\n.*tcp6:0/s, "nothing listens on :5000");
+
+    // A machine that had the package and runs its service keeps it as it was.
+    await machine.mustExec(["systemctl", "enable", "--now", "docker-registry.service"]);
+    t.equal(await state(), "enabled=enabled active=active policy=absent");
+    const again = await machine.exec([node, check]);
+    t.equal(again.exitCode, 0, again.stderr);
+    t.equal(await state(), "enabled=enabled active=active policy=absent", "the machine's own service is left alone");
   });
 
   t.test("npm run demo passes on that machine", async (t) => {

@@ -16,6 +16,17 @@ t.test(
     t.match(r.stdout, /demo finished: plan exit 2, once exit 0, second plan exit 0/);
     t.match(r.stdout, /\/opt\/deckhouse\/bin: bashible, hello/, "packages installed through the proxy");
     t.notMatch(r.stdout + r.stderr, /demo-token-/, "the proxy token never shows");
+    // Piped, as here: plain text for people and files, no terminal escape codes.
+    // biome-ignore lint/suspicious/noControlCharactersInRegex: the escape character is what is looked for
+    t.notMatch(r.stdout + r.stderr, /\x1b\[/, "no ANSI escape codes when piped");
+    const lines = r.stdout.split("\n").filter((l) => l.startsWith("$ bashible "));
+    t.ok(lines.length >= 4, "the demo shows each command it runs");
+    for (const l of lines) t.ok((l.match(/--log-level/g)?.length ?? 0) <= 1, `one --log-level at most: ${l}`);
+    t.match(
+      r.stdout,
+      /registry on http:\/\/127\.0\.0\.1:\d+ \(loopback only\)/,
+      "the demo's registry listens on loopback",
+    );
   },
 );
 

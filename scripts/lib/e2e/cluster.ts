@@ -6,8 +6,10 @@
 //     so a node in its own network namespace reaches it over its veth;
 //   - the CRDs, the server's RBAC, the kubelet bootstrap RBAC and the admission policies from
 //     cluster/deploy, the context Secret;
-//   - `bashible server` (the built agent, its own process, as a cluster runs it) registered as
-//     the aggregated API: writers, update controllers and the fencing controller on;
+//   - `bashible server` from the server image (`npm run image`'s code, built from the same dist/),
+//     run by containerd on this machine as the Deployment's pod runs it (its user, a read-only
+//     root, no capabilities, its credentials mounted read-only), registered as the aggregated
+//     API: writers, update controllers and the fencing controller on;
 //   - a real OCI registry (docker-registry, loopback only) holding the registry packages
 //     `npm run package` built, behind the registry-packages proxy (listening on 0.0.0.0, its
 //     certificate issued by the cluster CA, as nodes verify it with the bundle's CA);
@@ -16,11 +18,12 @@
 // Nodes reach the API server and the proxy as CONTROL_PLANE_HOST (both certificates carry the
 // name; a node maps it to its veth's host address in /etc/hosts) and nothing else: etcd, the
 // registry, the bundle server and kube-controller-manager listen on loopback.
-import { type ChildProcess, spawn } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
 import { generateKeyPairSync, randomUUID } from "node:crypto";
-import { mkdir, open, readFile } from "node:fs/promises";
+import { chmod, chown, mkdir, readFile, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { pino } from "pino";
+import { parse, stringify } from "yaml";
 import { installCrds } from "../../../cluster/crds/install.ts";
 import { startPackagesProxy, type PackagesProxy } from "../../../cluster/packages-proxy/server.ts";
 import { CONTEXT_KEY, CONTEXT_SECRET } from "../../../cluster/sources/kube.ts";
@@ -29,6 +32,8 @@ import { getSecret } from "../../../lib/kube/api.ts";
 import type { BuiltPackage } from "../../package.ts";
 import { registerAPIService } from "../bundle-server.ts";
 import { startRegistry, type Registry } from "../registry.ts";
+import { startHostContainerd } from "../containerd-host.ts";
+import { buildImage, IMAGE_NAME, IMAGE_UID } from "../../image.ts";
 import { type ControlPlane, freePort, startControlPlane } from "../control-plane.ts";
 import { until } from "../until.ts";
 import { createCA, issueCert } from "../pki.ts";
@@ -53,14 +58,14 @@ export function sshPublicKey(comment: string): string {
 
 export interface E2eCluster {
   cp: ControlPlane;
-  /** The `bashible server` process. */
+  /** `ctr run` of the server's container: it exits when the container does. */
   server: ChildProcess;
   registry: Registry;
   proxy: PackagesProxy;
   /** host:port as nodes dial them. */
   apiEndpoint: string;
   proxyEndpoint: string;
-  /** The bundle server's log (pino JSON lines). */
+  /** The bundle server's log (pino JSON lines: the container's stdout and stderr). */
   serverLog: string;
   /** The NodeUser's first key. */
   userKey: string;
@@ -70,6 +75,26 @@ export interface E2eCluster {
   /** The checksum Secret's value for the group. */
   groupChecksum(): Promise<string | undefined>;
   stop(): Promise<void>;
+}
+
+/** A kubeconfig with its files' contents inside (a pod gets one file, not the paths of this machine). */
+async function selfContainedKubeconfig(file: string): Promise<string> {
+  const kc = parse(await readFile(file, "utf8")) as {
+    clusters: { cluster: Record<string, string> }[];
+    users: { user: Record<string, string> }[];
+  };
+  const embed = async (o: Record<string, string>, key: string) => {
+    const p = o[key];
+    if (p === undefined) return;
+    o[`${key}-data`] = (await readFile(p)).toString("base64");
+    delete o[key];
+  };
+  for (const c of kc.clusters) await embed(c.cluster, "certificate-authority");
+  for (const u of kc.users) {
+    await embed(u.user, "client-certificate");
+    await embed(u.user, "client-key");
+  }
+  return stringify(kc);
 }
 
 export function nodeGroup(kubelet: Record<string, unknown> = {}): unknown {
@@ -227,7 +252,7 @@ export async function startE2eCluster(o: {
     await apply(nodeUser([userKey]));
     await apply(CNI_CONFIGURATION);
 
-    say("bashible server: aggregated API, writers, update and fencing controllers");
+    say("bashible server from its image in containerd: aggregated API, writers, update and fencing controllers");
     const serverPki = path.join(o.dir, "bundle-server");
     await mkdir(serverPki, { recursive: true });
     const serverCA = await createCA(serverPki, "ca", "bashible-server-ca");
@@ -236,42 +261,59 @@ export async function startE2eCluster(o: {
       dnsNames: [`bashible-api.${NAMESPACE}.svc`, "localhost"],
       ips: ["127.0.0.1"],
     });
+    // What the pod gets from its Secret volumes: the credentials, readable by the image's user.
+    const secrets = path.join(serverPki, "secrets");
+    await mkdir(path.join(secrets, "tls"), { recursive: true });
+    const files = {
+      kubeconfig: await selfContainedKubeconfig(cp.adminKubeconfig),
+      "tls/tls.crt": await readFile(serving.cert, "utf8"),
+      "tls/tls.key": await readFile(serving.key, "utf8"),
+    };
+    for (const [rel, content] of Object.entries(files)) {
+      await writeFile(path.join(secrets, rel), content, { mode: 0o400 });
+      await chown(path.join(secrets, rel), IMAGE_UID, IMAGE_UID);
+    }
+    for (const d of [secrets, path.join(secrets, "tls")]) {
+      await chown(d, IMAGE_UID, IMAGE_UID);
+      await chmod(d, 0o500);
+    }
+    const image = await buildImage({ dist: o.dist, out: path.join(o.dir, "server-image") });
+    const containerd = await startHostContainerd(path.join(o.dir, "containerd"));
+    stops.push(() => containerd.stop());
+    const ref = await containerd.importLayout(image.dir, IMAGE_NAME);
     const serverLog = path.join(o.dir, "bashible-server.log");
     const serverPort = await freePort();
-    const logFd = await open(serverLog, "a");
-    const server = spawn(
-      path.join(o.dist, "bashible"),
-      [
+    const server = await containerd.run({
+      id: "bashible-server",
+      image: ref,
+      // hostNetwork, as a control-plane static pod: the API server reaches it on loopback.
+      netHost: true,
+      mounts: [{ src: secrets, dst: "/etc/bashible" }],
+      args: [
         "server",
         "--kubeconfig",
-        cp.adminKubeconfig,
+        "/etc/bashible/kubeconfig",
         "--address",
         "127.0.0.1",
         "--port",
         String(serverPort),
         "--tls-cert-file",
-        serving.cert,
+        "/etc/bashible/tls/tls.crt",
         "--tls-private-key-file",
-        serving.key,
+        "/etc/bashible/tls/tls.key",
         "--log-format",
         "json",
       ],
-      { stdio: ["ignore", logFd.fd, logFd.fd] },
-    );
-    await logFd.close();
-    const exited = new Promise<void>((r) => server.once("exit", () => r()));
-    stops.push(async () => {
-      if (server.exitCode !== null || server.signalCode !== null) return;
-      server.kill("SIGTERM");
-      const t = setTimeout(() => server.kill("SIGKILL"), 10_000);
-      await exited;
-      clearTimeout(t);
+      logFile: serverLog,
     });
+    stops.push(() => containerd.stopContainer("bashible-server"));
     await registerAPIService(cp, serverPort, await readFile(serverCA.cert, "utf8")).catch(async (err) => {
       const log = (await readFile(serverLog, "utf8").catch(() => "")).slice(-3000);
       const state =
         server.exitCode !== null || server.signalCode ? `exited ${server.exitCode ?? server.signalCode}` : "running";
-      throw new Error(`${(err as Error).message.split("\n")[0]}\nbashible server (${state}) log:\n${log}`);
+      throw new Error(
+        `${(err as Error).message.split("\n")[0]}\nbashible server (container ${state}) log:\n${log}\ncontainerd:\n${containerd.log().slice(-2000)}`,
+      );
     });
 
     const cluster: E2eCluster = {
