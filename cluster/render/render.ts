@@ -4,7 +4,8 @@
 import { canonicalJson, bundleChecksum } from "../../bundles/checksum.ts";
 import { API_VERSION, CHECKSUM_ANNOTATION } from "../../bundles/types.ts";
 import type { BundleContext, NodeGroupBundle, NodeUserSpec, RegistryPackageRef } from "../../bundles/types.ts";
-import { CLEANUP_PATHS, defaultPackageRepository, NODE_USERS } from "../../bundles/paths.ts";
+import { CLEANUP_PATHS, defaultPackageRepository, NODE_USERS, PATHS } from "../../bundles/paths.ts";
+import { PACKAGE_MANAGERS } from "../../bundles/os-families.ts";
 import { BUILTIN_STEP_NAMES, CLEANUP_UNITS } from "../../bundles/steps/index.ts";
 import { catalogueSteps, type ScriptInput, scriptStepName, StepNameClashError } from "./catalogue.ts";
 import { RenderError } from "./errors.ts";
@@ -207,6 +208,18 @@ function scripts(configurations: NodeGroupConfigurationObject[], group: string, 
   return out;
 }
 
+/** Each package manager's removal, as cleanup_static_node.sh runs it (the argv are plain words). */
+function cleanupPackageManagers() {
+  return Object.entries(PACKAGE_MANAGERS).map(([name, m]) => ({
+    name,
+    env: Object.entries(m.env)
+      .map(([k, v]) => `${k}=${v}`)
+      .join(" "),
+    unhold: m.unhold?.join(" ") ?? "",
+    remove: m.remove.join(" "),
+  }));
+}
+
 /** Renders one group; throws RenderError (naming the object at fault) on bad input. */
 export function renderGroup(ng: NodeGroupObject, inputs: RenderInputs, nowMs: number): RenderedGroup {
   const group = ng.metadata?.name;
@@ -242,6 +255,10 @@ export function renderGroup(ng: NodeGroupObject, inputs: RenderInputs, nowMs: nu
     paths: CLEANUP_PATHS,
     // GECOS of users the NodeUsers step creates: cleanup removes only those.
     userMarker: NODE_USERS.marker,
+    // What the operating-system steps recorded, for cleanup to undo (swap, distribution packages).
+    swapRecord: PATHS.swapRecord,
+    packagesRecord: PATHS.distroPackagesRecord,
+    packageManagers: cleanupPackageManagers(),
   });
   let steps: NodeGroupBundle["steps"];
   try {
