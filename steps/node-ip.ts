@@ -5,7 +5,7 @@
 // does, so multi-NIC machines register the right InternalIP:
 //
 // - Static nodes: the first address (interfaces in the kernel's order) inside the first of the
-//   group's internalNetworkCIDRs that has one; no address inside them stops the run, naming the
+//   cluster's internalNetworkCIDRs that has one; no address inside them stops the run, naming the
 //   addresses there are. Without CIDRs: the address of the one physical interface (a device, not
 //   a veth, bridge or dummy), as Deckhouse; where that is not one interface, the address of the
 //   default route's interface (what the kubelet picks; Deckhouse stops the run there).
@@ -50,7 +50,7 @@ export function staticNodeIp(cidrs: readonly string[], f: NetworkFacts): { ip: s
       if (hit) return { ip: hit.address, why: `${hit.interface} is in ${cidr}` };
     }
     throw new NodeIpNotFoundError(
-      `no address of this machine is in the node group's internalNetworkCIDRs (${cidrs.join(", ")}); its addresses: ${list()}. Fix the NodeGroup's spec.static.internalNetworkCIDRs or the machine's network`,
+      `no address of this machine is in the cluster's internalNetworkCIDRs (${cidrs.join(", ")}); its addresses: ${list()}. Fix internalNetworkCIDRs (StaticClusterConfiguration, the bundle server's context) or the machine's network`,
     );
   }
   const physical = f.addresses.filter((a) => f.physical.includes(a.interface));
@@ -61,7 +61,7 @@ export function staticNodeIp(cidrs: readonly string[], f: NetworkFacts): { ip: s
   const viaDefault = f.addresses.find((a) => a.interface === f.defaultRoute);
   if (viaDefault) return { ip: viaDefault.address, why: `${viaDefault.interface} has the default route` };
   throw new NodeIpNotFoundError(
-    `cannot tell which address is this node's: ${physicalIfs.length ? `${physicalIfs.length} network interfaces (${physicalIfs.join(", ")})` : "no network interface with a device"} and no default route; addresses: ${list()}. Set spec.static.internalNetworkCIDRs in the NodeGroup`,
+    `cannot tell which address is this node's: ${physicalIfs.length ? `${physicalIfs.length} network interfaces (${physicalIfs.join(", ")})` : "no network interface with a device"} and no default route; addresses: ${list()}. Set internalNetworkCIDRs (StaticClusterConfiguration, the bundle server's context)`,
   );
 }
 

@@ -15,11 +15,17 @@ cat "$out"
 [ "$rc" -eq 0 ] && exit 0
 # Lines about fetching: apt's "Err:"/"Failed to fetch", dnf's "Cannot download"/"Curl error",
 # zypper's "Download (curl) error"/"Problem retrieving".
-fetch=$(grep -iE "err:|failed to fetch|cannot download|curl error|problem retrieving|failed to download|could not resolve|could not connect|connection (refused|timed out)|unable to connect" "$out")
-mirrors=$(printf '%s\n' "$fetch" | grep -oE "(https?|ftp)://[^ ]+" | sed -E 's|[^/]*$||' | sort -u | tr '\n' ' ' | sed 's/ *$//')
+fetch=$(grep -iE "failed to fetch|cannot download|curl error|problem retrieving|failed to download|download \(curl\) error" "$out")
+# The mirror: each URL cut before apt's dists/ or dnf's repodata/ (else at its last slash),
+# apt's flat-repository "/./" folded.
+mirrors=$(printf '%s\n' "$fetch" | grep -oE "(https?|ftp)://[A-Za-z0-9.:@_[-]+[^ ]*" |
+  sed -E 's#/\./#/#g; s#/(dists|repodata)/.*$#/#; s#/[^/]*$#/#' | sort -u | tr '\n' ' ' | sed 's/ *$//')
 if [ -z "$mirrors" ]; then
   exit "$rc"
 fi
-why=$(printf '%s\n' "$fetch" | grep -ioE "(could not (connect|resolve)[^.]*|connection (refused|timed out)|connection failed|[0-9]{3} +(not found|forbidden)|timed out|no route to host|temporary failure resolving[^.]*)" | head -n1)
+# Why, as the package manager said it: the first such line without its prefix and URL.
+why=$(printf '%s\n' "$fetch" | head -n1 |
+  sed -E 's#^[EW]: ##; s#(failed to fetch|cannot download [^:]*:)##I; s#(https?|ftp)://[^ ]*##g; s#^[-: ]+##; s#[ ]+# #g' |
+  cut -c1-200)
 echo "cannot reach the package mirror ${mirrors}${why:+ (${why})}: check the node's package sources (${sources}) and that this machine reaches them" >&2
 exit "$rc"

@@ -149,7 +149,12 @@ t.test("kernel parameters: one file, the tuner's timer enabled and started", asy
     await readFile(path.join(env.root, "etc/systemd/system/sysctl-tuner.service"), "utf8"),
     `ExecStart=/usr/sbin/sysctl -q -e --load ${HOST_PREP.sysctlTuner}`,
   );
-  t.ok((await lstat(path.join(env.root, "etc/systemd/system/multi-user.target.wants/sysctl-tuner.timer"))).isSymbolicLink(), "the timer enabled");
+  t.ok(
+    (
+      await lstat(path.join(env.root, "etc/systemd/system/multi-user.target.wants/sysctl-tuner.timer"))
+    ).isSymbolicLink(),
+    "the timer enabled",
+  );
   t.match(await actions(env.root), "systemctl start sysctl-tuner.timer");
   t.same((await env.plan(s)).changes, []);
 });
@@ -238,7 +243,7 @@ t.test("node IP: the address inside internalNetworkCIDRs, or a failure naming th
   t.equal(failed.outcome, "failed");
   t.match(
     failed.error,
-    /no address of this machine is in the node group's internalNetworkCIDRs \(203\.0\.113\.0\/24\); its addresses: /,
+    /no address of this machine is in the cluster's internalNetworkCIDRs \(203\.0\.113\.0\/24\); its addresses: /,
   );
 });
 

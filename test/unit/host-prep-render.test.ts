@@ -124,15 +124,16 @@ t.test("nf_conntrack_max is the node's: CPUs × perCore, at least min", async (t
 
 t.test("modules, logging, node IP, hostname steps", async (t) => {
   const ng = worker();
-  ng.spec.static = { internalNetworkCIDRs: ["192.168.10.0/24", "10.0.0.0/8"] };
-  const r = render(ng);
+  const context = structuredClone(base.context);
+  context.internalNetworkCIDRs = ["192.168.10.0/24", "10.0.0.0/8"];
+  const r = render(ng, context);
   t.same(spec(r, "KernelModules"), { modules: ["br_netfilter", "overlay"] });
   t.same(spec(r, "Journald"), { maxFileSec: 86400, maxRetentionSec: 14 * 86400 }, "Deckhouse's 24 h and 14 days");
   t.same(spec(r, "LogRotation"), { maxSizeMiB: 10, keep: 5 });
   t.same(spec(r, "NodeIp"), { nodeType: "Static", internalNetworkCIDRs: ["192.168.10.0/24", "10.0.0.0/8"] });
   t.same(spec(r, "HostnameUniqueness"), {});
-  ng.spec.static = { internalNetworkCIDRs: ["10.0.0.0/33"] };
-  t.throws(() => render(ng), /NodeGroup\/worker \(spec\.static\.internalNetworkCIDRs\)/);
+  context.internalNetworkCIDRs = ["10.0.0.0/33"];
+  t.throws(() => render(ng, context), /context \(internalNetworkCIDRs\).*an IPv4 CIDR/);
   const cloud = worker();
   cloud.spec.nodeType = "CloudEphemeral";
   const rc = render(cloud);
@@ -175,7 +176,7 @@ t.test("node IP: internalNetworkCIDRs first, then the one NIC, then the default 
   );
   t.throws(
     () => staticNodeIp(["172.16.0.0/12"], { addresses, physical: [] }),
-    /no address of this machine is in the node group's internalNetworkCIDRs \(172\.16\.0\.0\/12\); its addresses: 10\.1\.2\.3\/24 \(eth0\)/,
+    /no address of this machine is in the cluster's internalNetworkCIDRs \(172\.16\.0\.0\/12\); its addresses: 10\.1\.2\.3\/24 \(eth0\)/,
   );
   t.equal(staticNodeIp([], { addresses, physical: ["eth1"] }).ip, "192.168.10.7", "the one NIC");
   t.equal(
