@@ -288,6 +288,8 @@ export interface PackageManagerFacts {
   /** Remove packages and the dependencies installed with them only (cleanup_static_node.sh). */
   remove: readonly string[];
   env: Readonly<Record<string, string>>;
+  /** More environment for `remove`. */
+  removeEnv?: Readonly<Record<string, string>>;
   /** Holds at the installed version; undefined: this manager cannot hold a package. */
   hold?: readonly string[];
   /** Releases a hold (cleanup, before it removes held packages). */
@@ -321,6 +323,9 @@ export const PACKAGE_MANAGERS: Readonly<Record<DistroPackageManager, PackageMana
     install: ["apt-get", "install", "-y", "-q", "--no-install-recommends", ...APT_OPTIONS],
     remove: ["apt-get", "purge", "-y", "-q", "--autoremove"],
     env: { DEBIAN_FRONTEND: "noninteractive", LANG: "C" },
+    // sudo's prerm refuses to go on a machine whose root has no password unless told: the agent
+    // installed it, so cleanup removes it.
+    removeEnv: { SUDO_FORCE_REMOVE: "yes" },
     hold: ["apt-mark", "hold"],
     unhold: ["apt-mark", "unhold"],
     query: "dpkg",

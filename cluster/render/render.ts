@@ -212,7 +212,7 @@ function scripts(configurations: NodeGroupConfigurationObject[], group: string, 
 function cleanupPackageManagers() {
   return Object.entries(PACKAGE_MANAGERS).map(([name, m]) => ({
     name,
-    env: Object.entries(m.env)
+    env: Object.entries({ ...m.env, ...m.removeEnv })
       .map(([k, v]) => `${k}=${v}`)
       .join(" "),
     unhold: m.unhold?.join(" ") ?? "",

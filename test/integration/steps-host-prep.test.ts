@@ -147,7 +147,7 @@ t.test("kernel parameters: one file, the tuner's timer enabled and started", asy
   );
   t.match(
     await readFile(path.join(env.root, "etc/systemd/system/sysctl-tuner.service"), "utf8"),
-    `ExecStart=/usr/sbin/sysctl -q -e --load ${HOST_PREP.sysctlTuner}`,
+    `ExecStart=-/usr/sbin/sysctl -q -e --load ${HOST_PREP.sysctlTuner}`,
   );
   t.ok(
     (
@@ -156,6 +156,11 @@ t.test("kernel parameters: one file, the tuner's timer enabled and started", asy
     "the timer enabled",
   );
   t.match(await actions(env.root), "systemctl start sysctl-tuner.timer");
+  t.equal(
+    await readlink(path.join(env.root, "etc/systemd/system/kubelet.service.wants/sysctl-tuner.service")),
+    "/etc/systemd/system/sysctl-tuner.service",
+    "and it runs with every start of the kubelet",
+  );
   t.same((await env.plan(s)).changes, []);
 });
 
