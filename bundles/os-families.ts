@@ -285,7 +285,7 @@ export interface PackageManagerFacts {
   program: string;
   refresh: readonly string[];
   install: readonly string[];
-  /** Remove packages and the dependencies installed with them only (cleanup_static_node.sh). */
+  /** Remove exactly these packages (cleanup_static_node.sh: the record lists the dependencies too). */
   remove: readonly string[];
   env: Readonly<Record<string, string>>;
   /** More environment for `remove`. */
@@ -321,7 +321,7 @@ export const PACKAGE_MANAGERS: Readonly<Record<DistroPackageManager, PackageMana
     // after which apt goes on with old or no lists and "Unable to locate package".
     refresh: ["apt-get", "update", "-q", "-o", "APT::Update::Error-Mode=any", ...APT_OPTIONS],
     install: ["apt-get", "install", "-y", "-q", "--no-install-recommends", ...APT_OPTIONS],
-    remove: ["apt-get", "purge", "-y", "-q", "--autoremove"],
+    remove: ["apt-get", "purge", "-y", "-q"],
     env: { DEBIAN_FRONTEND: "noninteractive", LANG: "C" },
     // sudo's prerm refuses to go on a machine whose root has no password unless told: the agent
     // installed it, so cleanup removes it.
@@ -335,7 +335,7 @@ export const PACKAGE_MANAGERS: Readonly<Record<DistroPackageManager, PackageMana
     program: "dnf",
     refresh: ["dnf", "makecache", "-q", "-y"],
     install: ["dnf", "install", "-y", "-q"],
-    remove: ["dnf", "remove", "-y", "-q"],
+    remove: ["dnf", "remove", "-y", "-q", "--noautoremove"],
     env: { LANG: "C" },
     // python3-dnf-plugin-versionlock: installed with the held packages (VERSIONLOCK_PLUGIN).
     hold: ["dnf", "versionlock", "add"],
@@ -360,7 +360,7 @@ export const PACKAGE_MANAGERS: Readonly<Record<DistroPackageManager, PackageMana
     program: "zypper",
     refresh: ["zypper", "--non-interactive", "refresh"],
     install: ["zypper", "--non-interactive", "install", "--no-recommends"],
-    remove: ["zypper", "--non-interactive", "remove", "--clean-deps"],
+    remove: ["zypper", "--non-interactive", "remove"],
     env: { LANG: "C" },
     hold: ["zypper", "--non-interactive", "addlock"],
     unhold: ["zypper", "--non-interactive", "removelock"],

@@ -132,6 +132,14 @@ export const HOST_PREP = {
   swapFile: "/var/lib/swapfile",
 } as const;
 
+/** Directories the operating-system steps make for their drop-ins: cleanup removes them when that left them empty. */
+export const HOST_PREP_DIRS = [
+  "/etc/systemd/journald.conf.d",
+  "/etc/systemd/networkd.conf.d",
+  "/etc/systemd/system-generators",
+  "/etc/systemd/system/kubelet.service.wants",
+] as const;
+
 /** The kernel modules 004_load_mandatory_modules loads (Deckhouse's): containerd's overlay snapshots, bridged traffic through iptables. */
 export const MANDATORY_MODULES = ["br_netfilter", "overlay"] as const;
 

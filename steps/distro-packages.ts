@@ -10,8 +10,9 @@
 // enables and starts on port 80, is disabled and stopped: the API proxy runs its own unit.
 //
 // What this step installed is recorded (`<manager> <package>` lines in
-// /var/lib/bashible/distro-packages), so cleanup_static_node.sh removes exactly that and
-// nothing the machine had before. Under a sandbox root nothing is installed (the commands are
+// /var/lib/bashible/distro-packages: the install runs through steps/checks/record-new-packages.sh,
+// which adds every package it brought, dependencies included), so cleanup_static_node.sh removes
+// exactly that and nothing the machine had before. Under a sandbox root nothing is installed (the commands are
 // recorded); packages in that record count as installed there, so the tree converges.
 import { asset } from "../lib/assets.ts";
 import {
@@ -124,6 +125,16 @@ const step: Step<"DistributionPackages"> = {
     const changes: Primitive[] = [];
     const wrap = (argv: readonly string[]) => ["sh", asset("steps/checks/package-mirror.sh"), m.sources, ...argv];
     if (missing.length) {
+      // The names asked for, before the install (the install appends what it really installed,
+      // dependencies included; under a sandbox root this is what counts as installed).
+      const lines = [...recordLines];
+      for (const p of missing) if (!lines.includes(`${manager} ${p}`)) lines.push(`${manager} ${p}`);
+      const record = await planFile(host, {
+        path: PATHS.distroPackagesRecord,
+        content: `${lines.join("\n")}\n`,
+        mode: 0o644,
+      });
+      if (record) changes.push({ ...record, summary: `${record.summary} (what cleanup removes)` });
       changes.push(
         {
           kind: "command",
@@ -134,21 +145,20 @@ const step: Step<"DistributionPackages"> = {
         },
         {
           kind: "command",
-          argv: wrap([...m.install, ...missing]),
+          argv: [
+            "sh",
+            asset("steps/checks/record-new-packages.sh"),
+            host.path(PATHS.distroPackagesRecord),
+            manager,
+            m.query,
+            ...wrap([...m.install, ...missing]),
+          ],
           env: { ...m.env },
           recordInSandbox: true,
           timeoutMs: 20 * 60_000,
           summary: `install ${missing.join(" ")} (${manager})`,
         },
       );
-      const lines = [...recordLines];
-      for (const p of missing) if (!lines.includes(`${manager} ${p}`)) lines.push(`${manager} ${p}`);
-      const record = await planFile(host, {
-        path: PATHS.distroPackagesRecord,
-        content: `${lines.join("\n")}\n`,
-        mode: 0o644,
-      });
-      if (record) changes.push({ ...record, summary: `${record.summary} (what cleanup removes)` });
     }
     const hold = toHold.filter((p) => !state.held.has(p));
     if (hold.length && m.hold) {

@@ -4,7 +4,7 @@
 import { canonicalJson, bundleChecksum } from "../../bundles/checksum.ts";
 import { API_VERSION, CHECKSUM_ANNOTATION } from "../../bundles/types.ts";
 import type { BundleContext, NodeGroupBundle, NodeUserSpec, RegistryPackageRef } from "../../bundles/types.ts";
-import { CLEANUP_PATHS, defaultPackageRepository, NODE_USERS, PATHS } from "../../bundles/paths.ts";
+import { CLEANUP_PATHS, defaultPackageRepository, HOST_PREP_DIRS, NODE_USERS, PATHS } from "../../bundles/paths.ts";
 import { PACKAGE_MANAGERS } from "../../bundles/os-families.ts";
 import { BUILTIN_STEP_NAMES, CLEANUP_UNITS } from "../../bundles/steps/index.ts";
 import { catalogueSteps, type ScriptInput, scriptStepName, StepNameClashError } from "./catalogue.ts";
@@ -259,6 +259,7 @@ export function renderGroup(ng: NodeGroupObject, inputs: RenderInputs, nowMs: nu
     swapRecord: PATHS.swapRecord,
     packagesRecord: PATHS.distroPackagesRecord,
     packageManagers: cleanupPackageManagers(),
+    emptyDirs: HOST_PREP_DIRS,
   });
   let steps: NodeGroupBundle["steps"];
   try {
