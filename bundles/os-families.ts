@@ -401,6 +401,17 @@ export const ROLE_UNITS_TO_DISABLE: Partial<Record<PackageRole, readonly string[
 };
 
 /**
+ * What a role's packages leave behind when they are purged (made by their maintainer scripts,
+ * not their file lists), for cleanup to remove after it removed them; directories only when that
+ * left them empty.
+ */
+export const ROLE_PURGE_LEFTOVERS: Partial<Record<PackageRole, { files: readonly string[]; dirs: readonly string[] }>> =
+  {
+    // Debian's nginx-common puts its welcome page into /var/www/html and leaves it on purge.
+    nginx: { files: ["/var/www/html/index.nginx-debian.html"], dirs: ["/var/www/html", "/var/www"] },
+  };
+
+/**
  * os-release IDs Deckhouse has a bundle for that this agent refuses, and why (docs/steps.md).
  * openSUSE and MOS are SUSE: zypper (the data above has it), but CA anchors, the nginx module
  * path and the PATH drop-ins differ again, and no SUSE package source is at hand to try a fourth

@@ -5,7 +5,12 @@ import { canonicalJson, bundleChecksum } from "../../bundles/checksum.ts";
 import { API_VERSION, CHECKSUM_ANNOTATION } from "../../bundles/types.ts";
 import type { BundleContext, NodeGroupBundle, NodeUserSpec, RegistryPackageRef } from "../../bundles/types.ts";
 import { CLEANUP_PATHS, defaultPackageRepository, HOST_PREP_DIRS, NODE_USERS, PATHS } from "../../bundles/paths.ts";
-import { PACKAGE_MANAGERS } from "../../bundles/os-families.ts";
+import {
+  DISTRO_PACKAGES,
+  PACKAGE_MANAGERS,
+  type PackageRole,
+  ROLE_PURGE_LEFTOVERS,
+} from "../../bundles/os-families.ts";
 import { BUILTIN_STEP_NAMES, CLEANUP_UNITS } from "../../bundles/steps/index.ts";
 import { catalogueSteps, type ScriptInput, scriptStepName, StepNameClashError } from "./catalogue.ts";
 import { RenderError } from "./errors.ts";
@@ -260,6 +265,12 @@ export function renderGroup(ng: NodeGroupObject, inputs: RenderInputs, nowMs: nu
     packagesRecord: PATHS.distroPackagesRecord,
     packageManagers: cleanupPackageManagers(),
     emptyDirs: HOST_PREP_DIRS,
+    // Only where the agent installed the role's packages.
+    purgeLeftovers: Object.entries(ROLE_PURGE_LEFTOVERS).map(([role, l]) => ({
+      packages: [...new Set(Object.values(DISTRO_PACKAGES).flatMap((f) => f[role as PackageRole]))].join("|"),
+      files: l?.files.join(" ") ?? "",
+      dirs: l?.dirs.join(" ") ?? "",
+    })),
   });
   let steps: NodeGroupBundle["steps"];
   try {
