@@ -85,6 +85,20 @@ export const PATHS = {
    * these paths as root, so nobody else may be able to write anywhere along them.
    */
   packageDownloads: `${STATE_DIR}/registrypackages`,
+  /**
+   * The node's IP as 000_discover_node_ip found it: the address, then a newline (Deckhouse's
+   * file; `bb-d8-node-ip` reads it, the kubelet step passes it as `--node-ip`).
+   */
+  discoveredNodeIp: `${STATE_DIR}/discovered-node-ip`,
+  /** The curl header file bootstrap.sh writes (the bootstrap token); 098_cleanup removes it. */
+  bootstrapAuthHeader: `${STATE_DIR}/bootstrap-auth-header`,
+  /**
+   * Distribution packages the agent (or bootstrap.sh) installed, one `<manager> <package>` a
+   * line: cleanup_static_node.sh removes exactly these (nothing the machine had before).
+   */
+  distroPackagesRecord: `${STATE_DIR}/distro-packages`,
+  /** What 003_disable_swap turned off, for cleanup to put back: `fstab <line>` and `mask <unit>` lines. */
+  swapRecord: `${STATE_DIR}/swap-off`,
 } as const;
 
 export const stepLogPath = (step: string) => `${PATHS.logDir}/step.${step}.log`;
@@ -111,6 +125,33 @@ export const PROFILE_DROP_INS = {
 
 /** Every PATH drop-in any family gets: what cleanup removes. */
 export const ALL_PROFILE_DROP_INS = [...new Set(Object.values(PROFILE_DROP_INS).flat())].sort();
+
+/** Files the operating-system steps (000_add_mandatory_packages … 098_set_permissions) write. */
+export const HOST_PREP = {
+  /** Modules loaded at boot: Deckhouse's d8_<module>.conf, one file per module. */
+  modulesLoad: (module: string) => `/etc/modules-load.d/d8_${module}.conf`,
+  rpFilter: "/etc/sysctl.d/99-override_rp_filter.conf",
+  sysctlTuner: "/etc/sysctl.d/90-deckhouse-sysctl-tuner.conf",
+  networkdForeignRules: "/etc/systemd/networkd.conf.d/80-disable-manage-foreign-rules.conf",
+  journald: "/etc/systemd/journald.conf.d/90-deckhouse.conf",
+  rsyslogKubelet: "/etc/rsyslog.d/10-kubelet.conf",
+  logrotate: "/etc/logrotate.d/bashible",
+  /** systemd-gpt-auto-generator masked: it would turn on a swap partition it finds in the GPT. */
+  gptAutoGeneratorMask: "/etc/systemd/system-generators/systemd-gpt-auto-generator",
+  /** kubelet.memorySwap LimitedSwap: Deckhouse's swap file. */
+  swapFile: "/var/lib/swapfile",
+} as const;
+
+/** Directories the operating-system steps make for their drop-ins: cleanup removes them when that left them empty. */
+export const HOST_PREP_DIRS = [
+  "/etc/systemd/journald.conf.d",
+  "/etc/systemd/networkd.conf.d",
+  "/etc/systemd/system-generators",
+  "/etc/systemd/system/kubelet.service.wants",
+] as const;
+
+/** The kernel modules 004_load_mandatory_modules loads (Deckhouse's): containerd's overlay snapshots, bridged traffic through iptables. */
+export const MANDATORY_MODULES = ["br_netfilter", "overlay"] as const;
 
 /** What cleanup_static_node.sh removes: everything the agent, containerd and the kubelet put on a node. */
 export const CLEANUP_PATHS = [
@@ -146,10 +187,20 @@ export const CLEANUP_PATHS = [
   // softdog set up for fencing (agent/fencing/softdog.ts)
   "/etc/modprobe.d/bashible-softdog.conf",
   "/etc/modules-load.d/bashible-softdog.conf",
+  // the operating-system steps (the live kernel settings go with the reboot that ends cleanup)
+  ...MANDATORY_MODULES.map(HOST_PREP.modulesLoad),
+  HOST_PREP.rpFilter,
+  HOST_PREP.sysctlTuner,
+  HOST_PREP.networkdForeignRules,
+  HOST_PREP.journald,
+  HOST_PREP.rsyslogKubelet,
+  HOST_PREP.logrotate,
+  HOST_PREP.gptAutoGeneratorMask,
+  HOST_PREP.swapFile,
 ];
 
 /** Directories cleanup_static_node.sh removes when the files above were all that was in them. */
-export const CLEANUP_EMPTY_DIRS = ["/etc/systemd/logind.conf.d"];
+export const CLEANUP_EMPTY_DIRS = ["/etc/systemd/logind.conf.d", ...HOST_PREP_DIRS];
 
 /**
  * The repository a registry package is pulled from when none is named: `<registry path>/packages`,

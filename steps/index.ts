@@ -7,9 +7,21 @@ import type { Change, OwnChange, Plan, Problem, ServiceDecl, Step, StepContext }
 type Modules = { [K in StepKind]: () => Promise<{ default: Step<K, Change> }> };
 
 export const STEPS: Modules = {
+  DistributionPackages: () => import("./distro-packages.ts"),
   NodeUsers: () => import("./node-users.ts"),
+  NodeIp: () => import("./node-ip.ts"),
   CACertificates: () => import("./ca-certificates.ts"),
   DeckhousePath: () => import("./deckhouse-path.ts"),
+  KernelModules: () => import("./kernel-modules.ts"),
+  HostnameCheck: () => import("./hostname-check.ts"),
+  HostnameUniqueness: () => import("./hostname-uniqueness.ts"),
+  RpFilter: () => import("./rp-filter.ts"),
+  Swap: () => import("./swap.ts"),
+  SysctlTuner: () => import("./sysctl-tuner.ts"),
+  NetworkdIpRules: () => import("./networkd-ip-rules.ts"),
+  RsyslogKubeletFilter: () => import("./rsyslog-kubelet.ts"),
+  Journald: () => import("./journald.ts"),
+  LogRotation: () => import("./log-rotation.ts"),
   RegistryPackages: () => import("./registry-packages.ts"),
   Script: () => import("./script.ts"),
   KubernetesApiProxy: () => import("./kubernetes-api-proxy.ts"),
@@ -17,6 +29,8 @@ export const STEPS: Modules = {
   Kubelet: () => import("./kubelet.ts"),
   KubeletStart: () => import("./kubelet-start.ts"),
   BashibleService: () => import("./bashible-service.ts"),
+  BootstrapCleanup: () => import("./bootstrap-cleanup.ts"),
+  FilePermissions: () => import("./file-permissions.ts"),
 };
 
 /** A step bound to its spec: what the engine drives, without casts. */

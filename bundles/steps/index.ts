@@ -7,21 +7,44 @@ import { containerd } from "./containerd.ts";
 import { deckhousePath } from "./deckhouse-path.ts";
 import { kubelet } from "./kubelet.ts";
 import { kubeletStart } from "./kubelet-start.ts";
+import { kernelModules } from "./kernel-modules.ts";
+import { hostnameCheck, hostnameUniqueness } from "./hostname.ts";
+import { networkdIpRules, rpFilter } from "./network.ts";
+import { journald, logRotation, rsyslogKubelet } from "./logging.ts";
+import { swap } from "./swap.ts";
+import { sysctlTuner } from "./sysctl-tuner.ts";
+import { nodeIp } from "./node-ip.ts";
+import { bootstrapCleanup, filePermissions } from "./after-bootstrap.ts";
+import { distroPackages } from "./distro-packages.ts";
 import { apiProxy } from "./kubernetes-api-proxy.ts";
 import { nodeUsers } from "./node-users.ts";
 import { registryPackages } from "./registry-packages.ts";
 
 /** Every built-in step's descriptor, under the key `BUILTIN_STEPS` names it with. */
 export const BUILTINS = {
+  distroPackages,
   nodeUsers,
+  nodeIp,
   apiProxy,
   caCertificates,
   deckhousePath,
+  kernelModules,
+  hostnameCheck,
+  hostnameUniqueness,
+  rpFilter,
+  swap,
+  networkdIpRules,
+  sysctlTuner,
+  rsyslogKubelet,
+  journald,
+  logRotation,
   registryPackages,
   containerd,
   kubelet,
   kubeletStart,
   agent,
+  bootstrapCleanup,
+  filePermissions,
 } as const;
 
 type Builtins = typeof BUILTINS;

@@ -10,6 +10,15 @@ import { containerdSpec } from "./steps/containerd.ts";
 import { deckhousePathSpec } from "./steps/deckhouse-path.ts";
 import { kubeletSpec } from "./steps/kubelet.ts";
 import { kubeletStartSpec } from "./steps/kubelet-start.ts";
+import { kernelModulesSpec } from "./steps/kernel-modules.ts";
+import { hostnameCheckSpec, hostnameUniquenessSpec } from "./steps/hostname.ts";
+import { networkdIpRulesSpec, rpFilterSpec } from "./steps/network.ts";
+import { journaldSpec, logRotationSpec, rsyslogKubeletSpec } from "./steps/logging.ts";
+import { swapSpec } from "./steps/swap.ts";
+import { sysctlTunerSpec } from "./steps/sysctl-tuner.ts";
+import { nodeIpSpec } from "./steps/node-ip.ts";
+import { bootstrapCleanupSpec, filePermissionsSpec } from "./steps/after-bootstrap.ts";
+import { distroPackagesSpec } from "./steps/distro-packages.ts";
 import { apiProxySpec } from "./steps/kubernetes-api-proxy.ts";
 import { nodeUsersSpec } from "./steps/node-users.ts";
 import { registryPackagesSpec } from "./steps/registry-packages.ts";
@@ -17,15 +26,29 @@ import type { SpecBuilder, StepInput } from "./steps/spec-builder.ts";
 
 /** Each built-in kind's spec builder (typed over every kind: a kind without one does not compile). */
 const BUILDERS: { [K in BuiltinKind]: SpecBuilder<K> } = {
+  DistributionPackages: distroPackagesSpec,
   NodeUsers: nodeUsersSpec,
+  NodeIp: nodeIpSpec,
   KubernetesApiProxy: apiProxySpec,
   CACertificates: caCertificatesSpec,
   DeckhousePath: deckhousePathSpec,
+  KernelModules: kernelModulesSpec,
+  HostnameCheck: hostnameCheckSpec,
+  HostnameUniqueness: hostnameUniquenessSpec,
+  RpFilter: rpFilterSpec,
+  Swap: swapSpec,
+  SysctlTuner: sysctlTunerSpec,
+  NetworkdIpRules: networkdIpRulesSpec,
+  RsyslogKubeletFilter: rsyslogKubeletSpec,
+  Journald: journaldSpec,
+  LogRotation: logRotationSpec,
   RegistryPackages: registryPackagesSpec,
   Containerd: containerdSpec,
   Kubelet: kubeletSpec,
   KubeletStart: kubeletStartSpec,
   BashibleService: agentSpec,
+  BootstrapCleanup: bootstrapCleanupSpec,
+  FilePermissions: filePermissionsSpec,
 };
 
 export interface ScriptInput {

@@ -150,6 +150,11 @@ export interface ClusterContext {
   /** Kubelet settings shared by every group. */
   kubelet?: { featureGates?: Record<string, boolean> };
   /**
+   * StaticClusterConfiguration's internalNetworkCIDRs: a Static node's address is its address in
+   * these (000_discover_node_ip; Deckhouse hands them to templates as .nodeGroup.static).
+   */
+  internalNetworkCIDRs?: string[];
+  /**
    * Registry packages: name → digest. Step 007 installs them, except the agent (080 updates it
    * after a check) and the containerd package the group's cri.type does not use ("containerd"
    * for Containerd, "containerd2" for ContainerdV2, neither for NotManaged). A "containerd" or

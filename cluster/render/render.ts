@@ -4,7 +4,13 @@
 import { canonicalJson, bundleChecksum } from "../../bundles/checksum.ts";
 import { API_VERSION, CHECKSUM_ANNOTATION } from "../../bundles/types.ts";
 import type { BundleContext, NodeGroupBundle, NodeUserSpec, RegistryPackageRef } from "../../bundles/types.ts";
-import { CLEANUP_EMPTY_DIRS, CLEANUP_PATHS, defaultPackageRepository, NODE_USERS } from "../../bundles/paths.ts";
+import { CLEANUP_EMPTY_DIRS, CLEANUP_PATHS, defaultPackageRepository, NODE_USERS, PATHS } from "../../bundles/paths.ts";
+import {
+  DISTRO_PACKAGES,
+  PACKAGE_MANAGERS,
+  type PackageRole,
+  ROLE_PURGE_LEFTOVERS,
+} from "../../bundles/os-families.ts";
 import { BUILTIN_STEP_NAMES, CLEANUP_UNITS } from "../../bundles/steps/index.ts";
 import { catalogueSteps, type ScriptInput, scriptStepName, StepNameClashError } from "./catalogue.ts";
 import { RenderError } from "./errors.ts";
@@ -208,6 +214,18 @@ function scripts(configurations: NodeGroupConfigurationObject[], group: string, 
   return out;
 }
 
+/** Each package manager's removal, as cleanup_static_node.sh runs it (the argv are plain words). */
+function cleanupPackageManagers() {
+  return Object.entries(PACKAGE_MANAGERS).map(([name, m]) => ({
+    name,
+    env: Object.entries({ ...m.env, ...m.removeEnv })
+      .map(([k, v]) => `${k}=${v}`)
+      .join(" "),
+    unhold: m.unhold?.join(" ") ?? "",
+    remove: m.remove.join(" "),
+  }));
+}
+
 /** Renders one group; throws RenderError (naming the object at fault) on bad input. */
 export function renderGroup(ng: NodeGroupObject, inputs: RenderInputs, nowMs: number): RenderedGroup {
   const group = ng.metadata?.name;
@@ -245,6 +263,16 @@ export function renderGroup(ng: NodeGroupObject, inputs: RenderInputs, nowMs: nu
     emptyDirs: CLEANUP_EMPTY_DIRS.join(" "),
     // GECOS of users the NodeUsers step creates: cleanup removes only those.
     userMarker: NODE_USERS.marker,
+    // What the operating-system steps recorded, for cleanup to undo (swap, distribution packages).
+    swapRecord: PATHS.swapRecord,
+    packagesRecord: PATHS.distroPackagesRecord,
+    packageManagers: cleanupPackageManagers(),
+    // Only where the agent installed the role's packages.
+    purgeLeftovers: Object.entries(ROLE_PURGE_LEFTOVERS).map(([role, l]) => ({
+      packages: [...new Set(Object.values(DISTRO_PACKAGES).flatMap((f) => f[role as PackageRole]))].join("|"),
+      files: l?.files.join(" ") ?? "",
+      dirs: l?.dirs.join(" ") ?? "",
+    })),
   });
   let steps: NodeGroupBundle["steps"];
   try {

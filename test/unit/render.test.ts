@@ -29,16 +29,30 @@ t.test("the example renders the built-in steps and the NGC in name order", async
   t.same(
     r.bundle.steps.map((s) => `${s.name}:${s.kind}`),
     [
+      "000_add_mandatory_packages:DistributionPackages",
       "000_add_node_users:NodeUsers",
       "000_configure_kubernetes_api_proxy:KubernetesApiProxy",
+      "000_discover_node_ip:NodeIp",
+      "003_disable_rp_filter:RpFilter",
+      "003_disable_swap:Swap",
       "003_install_ca_certificates:CACertificates",
       "004_add_deckhouse_paths:DeckhousePath",
+      "004_check_hostname:HostnameCheck",
+      "004_load_mandatory_modules:KernelModules",
+      "005_disable_manage_iprules:NetworkdIpRules",
       "007_fetch_registry_packages:RegistryPackages",
       "032_configure_containerd:Containerd",
+      "041_configure_sysctl_tuner:SysctlTuner",
       "050_sysctl-tuning:Script",
+      "064_check_hostname_uniqueness:HostnameUniqueness",
       "064_configure_kubelet:Kubelet",
       "069_start_kubelet:KubeletStart",
       "080_setup_bashible_service:BashibleService",
+      "083_disable_rsyslog_for_kubelet:RsyslogKubeletFilter",
+      "084_configure_journald:Journald",
+      "085_rotate_bashible_logs:LogRotation",
+      "098_cleanup:BootstrapCleanup",
+      "098_set_permissions:FilePermissions",
     ],
   );
   const script = step(r, "Script");
@@ -113,7 +127,7 @@ t.test(
     ng.spec.kubelet = {
       seccompDefault: true,
       topologyManager: { enabled: true, policy: "SingleNumaNode", scope: "Pod" },
-      memorySwap: { swapBehavior: "LimitedSwap" },
+      memorySwap: { swapBehavior: "LimitedSwap", limitedSwap: { size: "2G" } },
       resourceReservation: { mode: "Static", static: { cpu: 1, memory: "2Gi" } },
     };
     ng.spec.cri = { type: "NotManaged", notManaged: { criSocketPath: "/run/crio/crio.sock" } };
@@ -322,7 +336,8 @@ t.test(
       });
     }
     const r = render(i);
-    t.equal(r.bundle.steps.length, 66);
+    // 56 scripts, the example's one and its 23 built-in steps
+    t.equal(r.bundle.steps.length, 80);
     const names = r.bundle.steps.map((s) => s.name);
     t.same(names, [...names].sort(), "ordered by name");
   },

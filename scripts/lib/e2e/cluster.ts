@@ -13,8 +13,9 @@
 //   - a real OCI registry (docker-registry, loopback only) holding the registry packages
 //     `npm run package` built, behind the registry-packages proxy (listening on 0.0.0.0, its
 //     certificate issued by the cluster CA, as nodes verify it with the bundle's CA);
-//   - NodeGroup `worker` (Static, fencing Watchdog), a NodeUser, one NodeGroupConfiguration (the
-//     bridge CNI).
+//   - NodeGroup `worker` (Static, fencing Watchdog; the machines' network is the cluster's
+//     internal one), a NodeUser, one NodeGroupConfiguration (the bridge CNI); bootstrap tokens may read Nodes (the
+//     hostname uniqueness check), as kubeadm grants its own.
 // Nodes reach the API server and the proxy as CONTROL_PLANE_HOST (both certificates carry the
 // name; a node maps it to its veth's host address in /etc/hosts) and nothing else: etcd, the
 // registry, the bundle server and kube-controller-manager listen on loopback.
@@ -44,6 +45,25 @@ export const CONTROL_PLANE_HOST = "control-plane.e2e.bashible.test";
 export const GROUP = "worker";
 export const PACKAGES_REPOSITORY = "deckhouse/packages";
 export const NODE_USER = "e2e-operator";
+/** The network the machines' veths are in (each a /30 of it). */
+export const NODE_NETWORK = "10.213.0.0/16";
+
+/**
+ * Bootstrap tokens may read Nodes, as kubeadm lets its own (kubeadm:get-nodes): how
+ * 064_check_hostname_uniqueness asks whether a joining machine's name is taken.
+ */
+export const BOOTSTRAP_GET_NODES_RBAC = `apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "bashible:bootstrap-get-nodes"}
+rules: [{apiGroups: [""], resources: [nodes], verbs: [get]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "bashible:bootstrap-get-nodes"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "bashible:bootstrap-get-nodes"}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: Group, name: "system:bootstrappers"}]
+`;
+
 /** The bridge network pods on the node get (host-local IPAM). */
 export const POD_SUBNET = "10.244.0.0/24";
 
@@ -229,6 +249,7 @@ export async function startE2eCluster(o: {
     for (const f of ["rbac.yaml", "fencing-rbac.yaml", "kubelet-bootstrap-rbac.yaml", "node-group-label-policy.yaml"]) {
       await cp.kubectl(["apply", "-f", path.join(deploy, f)]);
     }
+    await cp.kubectl(["apply", "-f", "-"], { input: BOOTSTRAP_GET_NODES_RBAC });
     const agentVersion = o.packages.find((p) => p.name === "bashible")?.version;
     if (!agentVersion) throw new Error("the packages lack the agent (bashible)");
     const context = {
@@ -238,6 +259,9 @@ export async function startE2eCluster(o: {
       clusterCA: await readFile(cp.ca.cert, "utf8"),
       packagesProxy: { endpoints: [proxyEndpoint], token: proxyToken },
       images: { pause: PAUSE_IMAGE },
+      // The machines' network (scripts/lib/nspawn-node.ts: a /30 of it each): 000_discover_node_ip
+      // picks the address in it, as a StaticClusterConfiguration's internalNetworkCIDRs say.
+      internalNetworkCIDRs: [NODE_NETWORK],
       packages,
       agent: { package: "bashible", version: agentVersion },
     };

@@ -8,17 +8,28 @@ import os from "node:os";
 import path from "node:path";
 import { buildDist } from "../../build.ts";
 import { type BuiltPackage, buildPackages } from "../../package.ts";
-import { debianRoot, NODE_PACKAGES } from "../debian-root.ts";
+import { debianRoot } from "../debian-root.ts";
+import { type LocalRepo, localDebianRepo, type RepoServer, serveRepo } from "../debian-mirror.ts";
 import { bootNode, type NodeOptions, type NspawnNode } from "../nspawn-node.ts";
+import { distroPackagesFor, PACKAGE_ROLES } from "../../../bundles/os-families.ts";
 import { isNotFound } from "../../../lib/kube/errors.ts";
 import { CONTROL_PLANE_HOST, type E2eCluster, startE2eCluster } from "./cluster.ts";
 import { buildImages, type ImageArchive } from "./images.ts";
 
 /**
- * The machine: a Debian node plus nginx with its stream module, which the API proxy step takes
- * from the distribution (an operator installs it first; the node has no route to a mirror).
+ * The machine, bare as a cloud image has it: minbase Debian with systemd, D-Bus, iproute2, procps
+ * and kmod (scripts/lib/vm-image.ts VM_PACKAGES, less what only a VM needs: udev, an ssh server).
+ * No curl, sudo, nginx, ca-certificates or iptables: bootstrap.sh installs curl, the agent
+ * (000_add_mandatory_packages) the rest, from the machine's mirror.
  */
-export const E2E_NODE_PACKAGES: readonly string[] = [...NODE_PACKAGES, "nginx-light", "libnginx-mod-stream"];
+export const E2E_NODE_PACKAGES: readonly string[] = ["systemd", "systemd-sysv", "dbus", "iproute2", "procps", "kmod"];
+
+/**
+ * The machine's distribution mirror (scripts/lib/debian-mirror.ts, served on its veth's host
+ * address): every Debian package of every role 000_add_mandatory_packages knows, curl for
+ * bootstrap.sh among them, with all their dependencies.
+ */
+export const E2E_MIRROR_PACKAGES: readonly string[] = distroPackagesFor("debian", PACKAGE_ROLES);
 
 /** What a node of the scenario needs from systemd-nspawn (see scripts/lib/nspawn-node.ts). */
 export const E2E_NODE_OPTIONS: NodeOptions = {
@@ -38,6 +49,10 @@ export interface World {
   images: { pause: ImageArchive; busybox: ImageArchive };
   /** The cached Debian root the machines start from. */
   root: string;
+  /** The machines' Debian mirror (one server per machine, on its host address). */
+  mirror: LocalRepo;
+  /** What each machine's mirror served, by machine name. */
+  mirrorServers: Map<string, RepoServer>;
   cluster: E2eCluster;
   /** A fresh machine, prepared as its operator has it (names resolve), not yet a node. */
   machine(name: string): Promise<NspawnNode>;
@@ -48,12 +63,14 @@ export async function startWorld(o: { log?: (line: string) => void; keepWork?: (
   const say = o.log ?? (() => undefined);
   const work = await mkdtemp(path.join(process.env.BASHIBLE_E2E_WORK ?? os.tmpdir(), "bashible-e2e-"));
   const nodes: NspawnNode[] = [];
+  const mirrorServers = new Map<string, RepoServer>();
   let cluster: E2eCluster | undefined;
   let failed = false;
   const stop = async () => {
     // A node with pods takes a while to power off; nothing in it is needed any more.
     for (const n of nodes) await n.stop(15_000).catch(() => undefined);
     for (const n of nodes) await n.dispose().catch(() => undefined);
+    for (const s of mirrorServers.values()) await s.close().catch(() => undefined);
     await cluster?.stop();
     if (!failed && !o.keepWork?.()) await rm(work, { recursive: true, force: true });
   };
@@ -65,6 +82,8 @@ export async function startWorld(o: { log?: (line: string) => void; keepWork?: (
     };
     const root = (await debianRoot({ packages: E2E_NODE_PACKAGES, log: say })).dir;
     lap("node root ready");
+    const mirror = await localDebianRepo({ packages: E2E_MIRROR_PACKAGES, log: say });
+    lap(`Debian mirror ready (${mirror.packages.length} packages)`);
     const dist = path.join(work, "dist");
     await buildDist(dist);
     lap("agent built from this checkout");
@@ -81,11 +100,15 @@ export async function startWorld(o: { log?: (line: string) => void; keepWork?: (
       packages,
       images,
       root,
+      mirror,
+      mirrorServers,
       cluster: c,
       async machine(name) {
         const node = await bootNode({ ...E2E_NODE_OPTIONS, root, name, parentDir: work });
         nodes.push(node);
-        await prepareMachine(node);
+        const server = await serveRepo(mirror.dir, node.hostAddress);
+        mirrorServers.set(name, server);
+        await prepareMachine(node, server.sourcesLine);
         return node;
       },
       stop,
@@ -101,17 +124,19 @@ export async function startWorld(o: { log?: (line: string) => void; keepWork?: (
 /**
  * What the machine's operator has set up: its own name resolves (Debian's installer writes
  * 127.0.1.1 <hostname>; without it the kubelet's node address lookup waits for DNS servers this
- * node cannot reach, 10 s), and the control plane's name resolves to this node's host.
+ * node cannot reach, 10 s), the control plane's name resolves to this node's host, and its apt
+ * source is its distribution's mirror (here the local one: the only mirror it can reach).
  */
-export async function prepareMachine(node: NspawnNode): Promise<void> {
+export async function prepareMachine(node: NspawnNode, sourcesLine: string): Promise<void> {
   await node.mustExec([
     "sh",
     "-c",
-    'printf "%s\\n" "127.0.1.1 $1" "$2 $3" >>/etc/hosts',
+    'printf "%s\\n" "127.0.1.1 $1" "$2 $3" >>/etc/hosts && printf "%s\\n" "$4" >/etc/apt/sources.list && rm -f /etc/apt/sources.list.d/*',
     "sh",
     node.name,
     node.hostAddress,
     CONTROL_PLANE_HOST,
+    sourcesLine,
   ]);
 }
 
