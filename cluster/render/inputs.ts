@@ -134,6 +134,10 @@ export interface ClusterContext {
   /** The cluster DNS service address(es) and domain the kubelet hands to pods (default 10.222.0.10, cluster.local). */
   clusterDNS?: string[];
   clusterDomain?: string;
+  /** The cloud provider's settings, for NodeGroupConfiguration templates (.cloudProvider); absent on static clusters, as in Deckhouse. */
+  cloudProvider?: Record<string, unknown>;
+  /** node-manager's nodeStatusUpdateFrequency (seconds), for templates (.nodeStatusUpdateFrequency); absent unless set, as in Deckhouse. */
+  nodeStatusUpdateFrequency?: number;
   /** The sandbox (pause) image containerd pins (default registry.k8s.io/pause:3.10). */
   images?: { pause?: string };
   /** Kubelet settings shared by every group. */
