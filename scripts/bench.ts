@@ -16,7 +16,6 @@ const BENCHES: Record<string, () => Promise<unknown>> = {
   runner: () => import("./bench/runner.ts"),
   server: () => import("./bench/server.ts"),
   steps: () => import("./bench/steps.ts"),
-  template: () => import("./bench/template.ts"),
 };
 
 const [name, ...rest] = process.argv.slice(2);

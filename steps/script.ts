@@ -50,7 +50,9 @@ async function lastSuccess(host: Host, name: string, ctx: StepContext): Promise<
 }
 
 /** The cluster registry as Deckhouse's bashible.sh exports it: address, scheme, path, user:password. */
-function registryOf(bundle: NodeGroupBundle): { address: string; scheme: string; path: string; auth: string } | undefined {
+function registryOf(
+  bundle: NodeGroupBundle,
+): { address: string; scheme: string; path: string; auth: string } | undefined {
   const r = bundle.context.registry;
   if (!r) return undefined;
   // The credentials and the scheme travel with the containerd step (absent when containerd is not managed).

@@ -4,7 +4,10 @@
 // the same cases, every function and generated templates against a model of Deckhouse's engine.
 import t from "tap";
 import { renderGoTemplate, TemplateError } from "../../cluster/render/go-template.ts";
-import { cases, DATA } from "../fixtures/go-template-cases.ts";
+import { readFile } from "node:fs/promises";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { cases, DATA, DELIBERATE_REFUSALS } from "../fixtures/go-template-cases.ts";
 
 const render = (tpl: string, data: unknown = DATA): string | TemplateError => {
   try {
@@ -65,4 +68,20 @@ t.test("renders are independent: one script's set and define never reach the nex
 t.test("a rendered script longer than the limit is refused", async (t) => {
   t.equal(renderGoTemplate('{{ repeat 10 "a" }}', {}, { maxOutput: 10 }), "aaaaaaaaaa");
   t.throws(() => renderGoTemplate('{{ repeat 11 "a" }}', {}, { maxOutput: 10 }), /longer than the limit/);
+});
+
+t.test("the deliberate refusals are refusals, and each is a row of docs/deckhouse-compatibility.md", async (t) => {
+  const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
+  const doc = await readFile(path.join(REPO, "docs/deckhouse-compatibility.md"), "utf8");
+  const table = doc.slice(doc.indexOf("### Refused where Deckhouse renders"), doc.indexOf("### The context"));
+  const rows = table
+    .split("\n")
+    .filter((l) => l.startsWith("| ") && !l.startsWith("| kind"))
+    .map((l) => l.split("|")[1]!.trim());
+  t.same([...rows].sort(), DELIBERATE_REFUSALS.map((r) => r.kind).sort(), "the table lists exactly these kinds");
+  for (const r of DELIBERATE_REFUSALS) {
+    const got = render(r.example);
+    t.type(got, TemplateError, `${r.kind}: refused`);
+    t.match((got as Error).message, r.message, r.kind);
+  }
 });

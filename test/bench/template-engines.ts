@@ -1,4 +1,5 @@
-// npm run bench -- template [--rounds N]
+// node test/bench/template-engines.ts [--rounds N]   (a test-side script: it reads the test
+// fixtures and the reference; not a test, tap does not run it)
 //
 // The two ways to render NodeGroupConfiguration content, side by side (issue 24):
 //   handwritten  the TypeScript renderer this project had until commit d0f0c71
@@ -49,7 +50,7 @@ async function engineFor(which: string, tmp: string): Promise<Render> {
 /** The 60 scripts and the context they render in (the example cluster's, through render.ts). */
 async function workload(): Promise<{ scripts: { name: string; text: string }[]; data: Record<string, unknown> }> {
   const { loadConfigDir } = await import("../../cluster/sources/directory.ts");
-  const { DATA } = await import("../../test/fixtures/go-template-cases.ts");
+  const { DATA } = await import("../fixtures/go-template-cases.ts");
   const corpus = (await loadConfigDir(path.join(REPO, "test/fixtures/ngc-corpus"))).snapshot.inputs.configurations;
   const scripts = Array.from({ length: 60 }, (_, i) => {
     const c = corpus[i % corpus.length]!;
@@ -126,9 +127,9 @@ async function bareRss(): Promise<number> {
 type Verdict = "same" | "both refuse" | "refused, Deckhouse renders" | "different output";
 
 async function fidelity(): Promise<Record<string, Record<Verdict, number>>> {
-  const { goReference, renderWithGo, withSecrets } = await import("../../test/lib/go-reference.ts");
-  const { generateTemplates } = await import("../../test/lib/template-generator.ts");
-  const { cases, DATA, FUNCTION_CALLS, SECRET } = await import("../../test/fixtures/go-template-cases.ts");
+  const { goReference, renderWithGo, withSecrets } = await import("../lib/go-reference.ts");
+  const { generateTemplates } = await import("../lib/template-generator.ts");
+  const { cases, DATA, FUNCTION_CALLS, SECRET } = await import("../fixtures/go-template-cases.ts");
   const ref = await goReference();
   if ("skip" in ref) throw new Error(ref.skip);
   // Only what has one right answer: not the clock, randomness or map order.
@@ -174,7 +175,7 @@ async function fidelity(): Promise<Record<string, Record<Verdict, number>>> {
 
 async function buildCost(): Promise<{ cold: number; warm: number; size: number }> {
   const { ENGINE_SOURCES } = await import("../../cluster/render/template-engine.ts");
-  const { goBinary } = await import("../build-template-engine.ts");
+  const { goBinary } = await import("../../scripts/build-template-engine.ts");
   const go = goBinary();
   if (!go) throw new Error("no Go toolchain");
   const cache = await mkdtemp(path.join(os.tmpdir(), "bench-gocache-"));
