@@ -44,7 +44,7 @@ t.test(
     const forced = await step(`${events}bb-apt-install --force bb-test-hello\n`);
     t.equal(forced.code, 0, forced.stderr);
     t.match(forced.stderr, /Installing packages 'bb-test-hello'/, "--force installs it although it is there");
-    t.equal(forced.stdout, "installed:bb-test-hello\n");
+    t.match(forced.stdout, /\ninstalled:bb-test-hello\n$/, "and fires the event");
 
     t.equal(
       (
