@@ -5,7 +5,7 @@
 // value that changes on every render), the render fails naming the line instead
 // (template-engine/guard.go; the list is in docs/deckhouse-compatibility.md).
 import { createHash } from "node:crypto";
-import { EngineMissingError, renderInEngine } from "./template-engine.ts";
+import { EngineError, EngineMissingError, renderInEngine } from "./template-engine.ts";
 
 export class TemplateError extends Error {
   override name = "TemplateError";
@@ -85,4 +85,4 @@ export function renderGoTemplate(text: string, data: unknown, o: RenderOptions =
   throw r.error;
 }
 
-export { EngineMissingError };
+export { EngineError, EngineMissingError };

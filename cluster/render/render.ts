@@ -8,7 +8,7 @@ import { CLEANUP_PATHS, defaultPackageRepository, NODE_USERS } from "../../bundl
 import { BUILTIN_STEP_NAMES, CLEANUP_UNITS } from "../../bundles/steps/index.ts";
 import { catalogueSteps, type ScriptInput, scriptStepName, StepNameClashError } from "./catalogue.ts";
 import { RenderError } from "./errors.ts";
-import { renderGoTemplate, TemplateError } from "./go-template.ts";
+import { EngineError, renderGoTemplate, TemplateError } from "./go-template.ts";
 import type {
   ClusterContext,
   NodeGroupConfigurationObject,
@@ -232,6 +232,8 @@ function script(c: NodeGroupConfigurationObject, view: unknown): ScriptInput {
     text = renderGoTemplate(c.spec.content, view, { name: step, maxOutput: MAX_SCRIPT_BYTES });
   } catch (err) {
     if (err instanceof TemplateError) throw new RenderError(obj, `spec.content ${err.message}`);
+    // Never a script rendered some other way: the group keeps its last good bundle.
+    if (err instanceof EngineError) throw new RenderError(obj, `spec.content cannot be rendered: ${err.message}`);
     throw err;
   }
   checkScriptSize(obj, text);

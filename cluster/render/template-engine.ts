@@ -35,7 +35,12 @@ export function engineSourceHash(dir = ENGINE_SOURCES): string | undefined {
 
 export const engineCacheFile = (hash: string) => path.join(BUILD_CACHE, `template-engine-${hash}.wasm`);
 
-export class EngineMissingError extends Error {
+/** The engine cannot render at all (not built, or it crashed): no script's fault. */
+export class EngineError extends Error {
+  override name = "EngineError";
+}
+
+export class EngineMissingError extends EngineError {
   override name = "EngineMissingError";
 }
 
@@ -241,6 +246,6 @@ export function renderInEngine(req: EngineRequest): EngineResult {
     // A crashed Go runtime cannot be called again: the next render starts a new instance.
     instance = undefined;
     const tail = stderr.join("").slice(-2000).trim();
-    throw new Error(`the template engine failed: ${(err as Error).message}${tail ? `: ${tail}` : ""}`);
+    throw new EngineError(`the template engine failed: ${(err as Error).message}${tail ? `: ${tail}` : ""}`);
   }
 }

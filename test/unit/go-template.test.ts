@@ -85,3 +85,27 @@ t.test("the deliberate refusals are refusals, and each is a row of docs/deckhous
     t.match((got as Error).message, r.message, r.kind);
   }
 });
+
+t.test("without the engine, plain scripts render and templated ones fail naming the build command", async (t) => {
+  const { execFile } = await import("node:child_process");
+  const { promisify } = await import("node:util");
+  const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
+  const code = `
+    const { renderGoTemplate } = await import(${JSON.stringify(path.join(REPO, "cluster/render/go-template.ts"))});
+    console.log(JSON.stringify(renderGoTemplate("echo plain\\n", {})));
+    try { renderGoTemplate("echo {{ .x }}", { x: 1 }); } catch (e) { console.log(e.name + ": " + e.message); }`;
+  const run = async (env: Record<string, string>) => {
+    const { BASHIBLE_TEMPLATE_ENGINE: _, ...rest } = process.env;
+    return (
+      await promisify(execFile)(process.execPath, ["--input-type=module", "-e", code], { env: { ...rest, ...env } })
+    ).stdout;
+  };
+  t.match(
+    await run({ BASHIBLE_TEST_CACHE: "/nonexistent/cache" }),
+    /^"echo plain\\n"\nEngineMissingError: the Go template engine is not built .*: run `npm run build` \(it needs Go/,
+  );
+  t.equal(
+    await run({ BASHIBLE_TEMPLATE_ENGINE: "/nonexistent/engine.wasm" }),
+    '"echo plain\\n"\nEngineMissingError: BASHIBLE_TEMPLATE_ENGINE=/nonexistent/engine.wasm: no such file\n',
+  );
+});
