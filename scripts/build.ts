@@ -5,11 +5,15 @@
 //   dist/bashible                 POSIX sh launcher; no PATH lookups, so it runs with PATH empty
 //   dist/bashible.d/node          Node.js runtime, the version in devDependencies
 //   dist/bashible.d/app/*.mjs     the agent, one chunk per command (loaded on demand)
-//   dist/bashible.d/share/        data files: templates, CRDs, the example cluster
+//   dist/bashible.d/share/        data files: templates, CRDs, the example cluster, and the bundle
+//                                 server's template engine (Go → WebAssembly, built with Go once
+//                                 per source version and cached outside the repository)
 import { build } from "esbuild";
 import { execFileSync } from "node:child_process";
 import { chmod, copyFile, cp, mkdir, rm, writeFile, stat } from "node:fs/promises";
 import { SHIPPED_ASSETS } from "../lib/assets.ts";
+import { ENGINE_ASSET } from "../cluster/render/template-engine.ts";
+import { buildTemplateEngine } from "./build-template-engine.ts";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -90,6 +94,8 @@ export async function buildDist(dist = path.join(REPO, "dist")): Promise<void> {
       filter: (src) => !src.endsWith(".ts"),
     });
   }
+  // Only the bundle server loads it; nodes never do.
+  await copyFile(await buildTemplateEngine((l) => console.log(l)), path.join(SHARE, "share", ENGINE_ASSET));
   const size = (await stat(runtime)).size + (await bundleSize(path.join(SHARE, "app")));
   console.log(
     `${path.relative(process.cwd(), dist) || "."}/bashible: ${(size / 1e6).toFixed(1)} MB (runtime + bundle)`,

@@ -5,17 +5,19 @@
 // and a command reading stdin gets end-of-file instead of the rest of the script. Output streams
 // to the step log and the journal line by line.
 //
-// A script runs when its content changed since its last success, the node rebooted since then,
-// the group's 4-hour update epoch moved on (Deckhouse re-runs everything then to repair drift),
-// or a full run is forced (configuration_checksum removed); otherwise the plan says
-// "unchanged" and nothing runs. Scripts must be idempotent.
+// When a script runs: as in Deckhouse, in every converge the checksum admits. A script is due
+// when the node is converging to a configuration it has not applied (configuration_checksum
+// absent, removed at a converge's start, or naming another checksum), when it never succeeded,
+// its content changed, the node rebooted since, or the 4-hour update epoch moved on; a node in
+// sync plans nothing. So a script that patches a file a built-in step rewrote in this converge
+// patches it again, in this converge. Scripts must be idempotent, as Deckhouse's are.
 import { readFile } from "node:fs/promises";
 import { sha256Hex } from "../bundles/checksum.ts";
 import { bundlesSelect, deckhouseOsOf } from "../bundles/os-families.ts";
 import { asset } from "../lib/assets.ts";
 import { PATHS, STATE_DIR } from "../bundles/paths.ts";
 import { CommandError, type Host } from "../host/host.ts";
-import type { ScriptSpec } from "../bundles/types.ts";
+import type { ContainerdSpec, NodeGroupBundle, ScriptSpec } from "../bundles/types.ts";
 import type { ScriptChange, Step, StepContext } from "./types.ts";
 
 const RECORDS = PATHS.scripts;
@@ -47,7 +49,32 @@ async function lastSuccess(host: Host, name: string, ctx: StepContext): Promise<
   }
 }
 
-/** Deckhouse's environment for steps, plus this agent's own variables. */
+/** The cluster registry as Deckhouse's bashible.sh exports it: address, scheme, path, user:password. */
+function registryOf(
+  bundle: NodeGroupBundle,
+): { address: string; scheme: string; path: string; auth: string } | undefined {
+  const r = bundle.context.registry;
+  if (!r) return undefined;
+  // The credentials and the scheme travel with the containerd step (absent when containerd is not managed).
+  const containerd = bundle.steps.find((s) => s.kind === "Containerd")?.spec as ContainerdSpec | undefined;
+  const entry = containerd?.registries.find((e) => e.host === r.address);
+  const auth = entry?.auth ? Buffer.from(entry.auth, "base64").toString("utf8") : "";
+  return {
+    address: r.address,
+    scheme: entry?.scheme ?? "https",
+    path: r.path.startsWith("/") ? r.path : `/${r.path}`,
+    auth,
+  };
+}
+
+/** Values a script's output and errors are redacted of: the bundle's, plus the decoded registry login. */
+export function scriptSecrets(ctx: StepContext): string[] {
+  const auth = registryOf(ctx.bundle)?.auth ?? "";
+  const password = auth.slice(auth.indexOf(":") + 1);
+  return [...ctx.secrets, ...[auth, password].filter((v) => v.length >= 4)];
+}
+
+/** Deckhouse's environment for steps (bashible.sh), plus this agent's own variables. */
 export function scriptEnv(host: Host, ctx: StepContext): Record<string, string> {
   const systemPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
   const proxies = Object.fromEntries(
@@ -69,6 +96,12 @@ export function scriptEnv(host: Host, ctx: StepContext): Record<string, string> 
     PATH: `${host.path(PATHS.binDir)}:${systemPath}`,
     // Deckhouse's bundle name for this OS (ubuntu-lts, debian, centos, …), as bb-is-bundle says.
     BUNDLE: deckhouseOsOf(host.os.id)?.bundle ?? "unknown",
+    TERM: "xterm-256color",
+    // The configuration this converge applies.
+    CONFIGURATION_CHECKSUM: ctx.bundle.checksum,
+    ...registryVariables(ctx.bundle),
+    PACKAGES_PROXY_ADDRESSES: ctx.bundle.context.packagesProxy.endpoints.join(","),
+    PACKAGES_PROXY_TOKEN: ctx.bundle.context.packagesProxy.token,
     ...proxyVariables(ctx),
     NODE_NAME: ctx.nodeName,
     BASHIBLE_ROOT: host.root,
@@ -83,6 +116,19 @@ export function scriptEnv(host: Host, ctx: StepContext): Record<string, string> 
         : {}),
     BASHIBLE_BUNDLE_FILE: host.path(PATHS.runBundle),
     KUBERNETES_VERSION: ctx.bundle.context.kubernetesVersion,
+  };
+}
+
+/** Deckhouse's REGISTRY_ADDRESS, SCHEME, REGISTRY_PATH, REGISTRY_AUTH (decoded: user:password); REGISTRY_SCHEME too. */
+function registryVariables(bundle: NodeGroupBundle): Record<string, string> {
+  const r = registryOf(bundle);
+  if (!r) return {};
+  return {
+    REGISTRY_ADDRESS: r.address,
+    SCHEME: r.scheme,
+    REGISTRY_SCHEME: r.scheme,
+    REGISTRY_PATH: r.path,
+    REGISTRY_AUTH: r.auth,
   };
 }
 
@@ -124,10 +170,17 @@ const script: Step<"Script", ScriptChange> = {
     if (!bundlesSelect(spec.bundles, host.os.id)) return { changes: [], problems: [] };
     const want = wantedRecord(spec, ctx);
     const last = await lastSuccess(host, name, ctx);
+    const applied = (await host.readText(PATHS.configurationChecksum))?.trim() || undefined;
     let why: string;
     if (!last) why = "never ran successfully";
     else if (ctx.forced) why = "full run forced (configuration_checksum absent)";
-    else if (last.sha256 !== want.sha256) why = "script changed since its last success";
+    else if (applied !== ctx.bundle.checksum) {
+      // Deckhouse runs every step whenever it converges: what a built-in step rewrote in this
+      // converge, the script patches again.
+      why = applied
+        ? `converging ${applied.slice(0, 12)} → ${ctx.bundle.checksum.slice(0, 12)}: every script runs`
+        : "a converge is applying this configuration: every script runs";
+    } else if (last.sha256 !== want.sha256) why = "script changed since its last success";
     else if (last.bootId !== want.bootId) why = "node rebooted since its last success";
     else if (last.epoch !== want.epoch) why = "update epoch moved on (periodic re-run)";
     else return { changes: [], problems: [] };
@@ -165,7 +218,7 @@ const script: Step<"Script", ScriptChange> = {
       env: scriptEnv(host, ctx),
       cleanEnv: true,
       logFile: ctx.logFile,
-      secrets: ctx.secrets,
+      secrets: scriptSecrets(ctx),
       onLine: (stream, line) => log.info({ stream }, line),
       ...(ctx.signal ? { signal: ctx.signal } : {}),
     });

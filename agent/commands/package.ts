@@ -15,11 +15,12 @@ import { installedDigest, installPackage, removePackage } from "../../steps/lib/
 
 const command: Command = {
   summary: "install or remove registry packages (for scripts: bb-package-install/-remove)",
-  usage: "install|remove [--result FILE] NAME[:sha256:HEX[@REPOSITORY]]… [--root DIR]",
+  usage: "install|remove|installed [--result FILE] NAME[:sha256:HEX[@REPOSITORY]]… [--root DIR]",
   help: `install NAME:sha256:HEX[@REPOSITORY]…  fetch through the registry-packages proxy of the bundle
                                        being applied, verify manifest and layer, run install;
                                        skipped when already at that digest
 remove NAME…                           run the uninstall of packages this agent installed
+installed NAME[:sha256:HEX]            exit 0 when the package is installed (at that digest), else 1
 
 The digest names the package's image manifest. REPOSITORY defaults to the bundle registry's
 <path>/packages. The bundle is ${PATHS.runBundle} (the one the current run applies).
@@ -32,7 +33,9 @@ Options:
   logTo: "stderr",
   async run({ values, positionals, root, log }) {
     const [action, ...args] = positionals;
-    if (action !== "install" && action !== "remove") throw new UsageError("say install or remove");
+    if (action !== "install" && action !== "remove" && action !== "installed") {
+      throw new UsageError("say install, remove or installed");
+    }
     if (args.length === 0) throw new UsageError(`package ${action}: name at least one package`);
     const host = new Host(root, await osProfile(root));
     const result = values.result as string | undefined;
@@ -40,6 +43,12 @@ Options:
       if (result) await appendFile(result, `${what} ${name}\n`);
     };
     const ctx = { log, logFile: undefined, signal: undefined };
+    if (action === "installed") {
+      const m = /^([a-z0-9][a-z0-9._-]*)(?::(sha256:[0-9a-f]{64}))?$/.exec(args[0] ?? "");
+      if (!m || args.length !== 1) throw new UsageError("package installed: one NAME[:sha256:<64 hex>]");
+      const digest = await installedDigest(host, m[1] as string);
+      return digest && (!m[2] || m[2] === digest) ? EXIT.ok : EXIT.error;
+    }
     if (action === "remove") {
       for (const name of args) {
         if (!PACKAGE_NAME.test(name)) throw new UsageError(`'${name}' is not a package name`);

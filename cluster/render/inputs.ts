@@ -143,7 +143,12 @@ export interface ClusterContext {
    * sets none (/24 and narrower 120, /23 250, /22 500, wider 1000). Default 24.
    */
   podSubnetNodeCIDRPrefix?: string | number;
-  /** Seconds between the kubelet's Node status updates (Deckhouse's nodeStatusUpdateFrequency, default 10). */
+  /** The cloud provider's settings, for NodeGroupConfiguration templates (.cloudProvider); absent on static clusters, as in Deckhouse. */
+  cloudProvider?: Record<string, unknown>;
+  /**
+   * Seconds between the kubelet's Node status updates (Deckhouse's nodeStatusUpdateFrequency):
+   * the kubelet uses 10 when unset; templates see .nodeStatusUpdateFrequency only when set, as in Deckhouse.
+   */
   nodeStatusUpdateFrequency?: number;
   /** The sandbox (pause) image containerd pins (default registry.k8s.io/pause:3.10). */
   images?: { pause?: string };

@@ -14,7 +14,7 @@ import {
 import { BUILTIN_STEP_NAMES, CLEANUP_UNITS } from "../../bundles/steps/index.ts";
 import { catalogueSteps, type ScriptInput, scriptStepName, StepNameClashError } from "./catalogue.ts";
 import { RenderError } from "./errors.ts";
-import { renderGoTemplate, TemplateError } from "./go-template.ts";
+import { EngineError, renderGoTemplate, TemplateError } from "./go-template.ts";
 import type {
   ClusterContext,
   NodeGroupConfigurationObject,
@@ -25,7 +25,15 @@ import type {
 import { renderTemplate } from "./templates.ts";
 import { nextEpochChangeMs, updateEpoch } from "./update-epoch.ts";
 import { checkNodeUserCount, checkServable } from "./limits.ts";
-import { checkConfiguration, checkContext, checkGroupName, checkNodeUser, checkScriptSize } from "./validate.ts";
+import { KUBELET_DEFAULTS } from "./steps/kubelet.ts";
+import {
+  checkConfiguration,
+  checkContext,
+  checkGroupName,
+  checkNodeUser,
+  checkScriptSize,
+  MAX_SCRIPT_BYTES,
+} from "./validate.ts";
 
 export interface ServedObject {
   apiVersion: typeof API_VERSION;
@@ -126,17 +134,32 @@ function proxyOf(p: NonNullable<ClusterContext["proxy"]>): NonNullable<BundleCon
   };
 }
 
+/** A value the template context keeps out: true in `if`, refused with `why` anywhere else (go-template.ts). */
+const keptOut = (why: string) => ({ $keptOut: why });
+
+const NOT_KNOWN = (path: string, what: string) =>
+  keptOut(`${path} is kept out: ${what}; this server does not know it, so a script cannot read it`);
+
 /**
- * What a NodeGroupConfiguration's content sees, shaped like Deckhouse's `bundle-<group>`
- * context: .runType, .kubernetesVersion, .cri, .nodeGroup (all of the NodeGroup's spec plus
- * name, updateEpoch, …), .nodeUsers, .normal.apiserverEndpoints/.kubernetesCA, .registry,
- * .proxy, .packagesProxy.addresses. No secrets: no proxy token, no password hashes.
+ * What a NodeGroupConfiguration's content sees: Deckhouse's context for a node group
+ * (bashible-apiserver context_builder.go, bundleNGContext): runType, bundle, kubernetesVersion,
+ * cri, nodeGroup (all of the NodeGroup's spec plus name, updateEpoch, …), nodeUsers (as
+ * Deckhouse passes them), normal (apiserverEndpoints, kubernetesCA, clusterDomain,
+ * clusterDNSAddress, moduleSourcesCA, bootstrapTokens), registry, proxy, packagesProxy,
+ * cloudProvider and nodeStatusUpdateFrequency when set, and Deckhouse's version map (k8s,
+ * bashible) and images. Secrets and what this server cannot know are kept out: usable as a
+ * condition, refused when printed or passed on, with the reason (docs/deckhouse-compatibility.md).
  */
 function templateView(ng: NodeGroupObject, users: NodeUserObject[], ctx: ClusterContext, context: BundleContext) {
   const spec = structuredClone(ng.spec ?? {}) as Record<string, unknown>;
   const cri = (spec.cri as { type?: string } | undefined)?.type ?? "Containerd";
+  const registryAuth = ctx.registry?.auth;
   return {
     runType: "Normal",
+    // Deckhouse renders a node group once per OS bundle; here one render serves every OS.
+    bundle: keptOut(
+      ".bundle is kept out: it is the node's OS bundle, and this server renders one script for every OS of a group: test $BUNDLE (or bb-is-bundle) in the script, or list the bundles in spec.bundles",
+    ),
     kubernetesVersion: ctx.kubernetesVersion,
     cri,
     nodeGroup: {
@@ -155,23 +178,49 @@ function templateView(ng: NodeGroupObject, users: NodeUserObject[], ctx: Cluster
       name: u.metadata.name,
       spec: {
         uid: u.spec.uid,
-        sshPublicKeys: userKeys(u),
+        ...(u.spec.sshPublicKey ? { sshPublicKey: u.spec.sshPublicKey } : {}),
+        ...(u.spec.sshPublicKeys?.length ? { sshPublicKeys: [...u.spec.sshPublicKeys] } : {}),
+        passwordHash: u.spec.passwordHash
+          ? keptOut(".nodeUsers[].spec.passwordHash is a secret, kept out of scripts (the NodeUser step sets it)")
+          : "",
         isSudoer: u.spec.isSudoer === true,
-        extraGroups: [...(u.spec.extraGroups ?? [])],
-        nodeGroups: [...(u.spec.nodeGroups?.length ? u.spec.nodeGroups : ["*"])],
+        nodeGroups: u.spec.nodeGroups ? [...u.spec.nodeGroups] : null,
+        ...(u.spec.extraGroups?.length ? { extraGroups: [...u.spec.extraGroups] } : {}),
       },
     })),
-    normal: { apiserverEndpoints: [...ctx.apiserverEndpoints], kubernetesCA: ctx.clusterCA },
+    normal: {
+      apiserverEndpoints: [...ctx.apiserverEndpoints],
+      kubernetesCA: ctx.clusterCA,
+      clusterDomain: ctx.clusterDomain ?? KUBELET_DEFAULTS.clusterDomain,
+      clusterDNSAddress: (ctx.clusterDNS ?? KUBELET_DEFAULTS.clusterDNS)[0] ?? "",
+      // No ModuleSource objects here, so none has a CA.
+      moduleSourcesCA: {},
+      bootstrapTokens: keptOut(".normal.bootstrapTokens is a secret, kept out of scripts"),
+    },
     registry: ctx.registry
       ? {
           address: ctx.registry.address,
           path: ctx.registry.path.startsWith("/") ? ctx.registry.path : `/${ctx.registry.path}`,
-          scheme: "https",
+          scheme: ctx.registry.scheme ?? "https",
           ...(ctx.registry.ca ? { ca: ctx.registry.ca } : {}),
+          auth: registryAuth
+            ? keptOut(".registry.auth is a secret, kept out of scripts: read $REGISTRY_AUTH in the script")
+            : "",
+          dockerCfg: registryAuth ? keptOut(".registry.dockerCfg is a secret, kept out of scripts") : null,
         }
       : {},
     ...(context.proxy ? { proxy: structuredClone(context.proxy) } : {}),
-    packagesProxy: { addresses: [...ctx.packagesProxy.endpoints] },
+    packagesProxy: {
+      addresses: [...ctx.packagesProxy.endpoints],
+      token: keptOut(".packagesProxy.token is a secret, kept out of scripts: read $PACKAGES_PROXY_TOKEN in the script"),
+    },
+    ...(ctx.cloudProvider ? { cloudProvider: structuredClone(ctx.cloudProvider) } : {}),
+    ...(ctx.nodeStatusUpdateFrequency !== undefined
+      ? { nodeStatusUpdateFrequency: ctx.nodeStatusUpdateFrequency }
+      : {}),
+    k8s: NOT_KNOWN(".k8s", "Deckhouse's version map (candi/version_map.yml)"),
+    bashible: NOT_KNOWN(".bashible", "Deckhouse's version map (candi/version_map.yml)"),
+    images: NOT_KNOWN(".images", "the digests of Deckhouse's module images"),
   };
 }
 
@@ -187,9 +236,11 @@ function script(c: NodeGroupConfigurationObject, view: unknown): ScriptInput {
   checkScriptSize(obj, c.spec.content);
   let text: string;
   try {
-    text = renderGoTemplate(c.spec.content, view);
+    text = renderGoTemplate(c.spec.content, view, { name: step, maxOutput: MAX_SCRIPT_BYTES });
   } catch (err) {
     if (err instanceof TemplateError) throw new RenderError(obj, `spec.content ${err.message}`);
+    // Never a script rendered some other way: the group keeps its last good bundle.
+    if (err instanceof EngineError) throw new RenderError(obj, `spec.content cannot be rendered: ${err.message}`);
     throw err;
   }
   checkScriptSize(obj, text);

@@ -748,6 +748,8 @@ _bb_os_field() {
 _bb_is_ubuntu_version_p() { [[ "$(_bb_os_field VERSION_ID)" == "$1" ]]; }
 _bb_is_centos_version_p() { [[ "$(_bb_os_field VERSION_ID)" == "$1" ]]; }
 _bb_is_debian_version_p() { [[ "$(_bb_os_field VERSION_ID)" == "$1" ]]; }
+# ID or one of ID_LIKE names the distribution (bb-is-distro-like? debian on Ubuntu).
+_bb_is_distro_like_p() { [[ " $(_bb_os_field ID) $(_bb_os_field ID_LIKE) " == *" $1 "* ]]; }
 _bb_is_astra_version_p() { [[ "$(_bb_os_field ID)" == astra && "$(_bb_os_field VERSION_ID)" =~ $1 ]]; }
 
 bb-is-bundle() {
@@ -860,12 +862,18 @@ bb-apt-dist-upgrade() {
     apt-get -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold dist-upgrade -y
 }
 
+# As Deckhouse's (50_apt.sh): --force installs the packages even if present; nothing is held.
 bb-apt-install() {
     export DEBIAN_FRONTEND=noninteractive
+    local force=false
+    if [[ "${1:-}" == --force ]]; then
+        force=true
+        shift
+    fi
     local package need_fire=false missing=()
     for package in "$@"; do
         _bb_unhandled_has "$BB_APT_UNHANDLED_PACKAGES_STORE" "$package" && need_fire=true
-        _bb_apt_package_p "$package" || missing+=("$package")
+        if $force || ! _bb_apt_package_p "$package"; then missing+=("$package"); fi
     done
     if ((${#missing[@]})); then
         bb-apt-update
@@ -873,7 +881,6 @@ bb-apt-install() {
         apt-get -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
             install --allow-change-held-packages --allow-downgrades -y "${missing[@]}" ||
             bb-exit-on-error "Failed to install packages '${missing[*]}'"
-        bb-apt-hold "${missing[@]}"
         for package in "${missing[@]}"; do _bb_unhandled_add "$BB_APT_UNHANDLED_PACKAGES_STORE" "$package"; done
         need_fire=true
     fi
@@ -1095,6 +1102,51 @@ bb-apt-rpm-update() {
     bb-flag-set apt-rpm-updated
 }
 
+# The rest of Deckhouse's bb-apt-rpm-*: apt-get on ALT Linux, as the apt ones.
+bb-apt-rpm-repo-add() {
+    local line="$*" domain
+    domain="$(sed -E -e 's#.*https?://([^/ \t]+)/?.*#\1#' <<<"${2:-}")"
+    if ! cat /etc/apt/sources.list /etc/apt/sources.list.d/* 2>/dev/null | sed -E -e 's/#.*//' | tr -s ' \t' ' ' |
+        grep -Fxq -- "$(tr -s ' \t' ' ' <<<"$line")"; then
+        echo "$line" >>"/etc/apt/sources.list.d/${domain:-bashible}.list"
+        bb-flag-unset apt-rpm-updated
+    fi
+}
+
+bb-apt-rpm-dist-upgrade() {
+    bb-apt-rpm-update
+    bb-log-info 'Processing dist-upgrade'
+    bb-set-proxy
+    apt-get dist-upgrade -y
+    bb-unset-proxy
+}
+
+bb-apt-rpm-autoremove() {
+    bb-log-info 'Autoremoving unused packages'
+    apt-get autoremove -y
+}
+
+_bb_apt_rpm_package_upgrade_p() {
+    bb-apt-rpm-update
+    local out
+    out="$(apt-cache policy "$1" | awk '/Installed: / { i = $2 } /Candidate: / { if (i != "(none)" && i != $2) print i " " $2 }')"
+    [[ -n "$out" ]]
+}
+
+bb-apt-rpm-upgrade() {
+    local package
+    for package in "$@"; do
+        if _bb_apt_rpm_package_upgrade_p "$package"; then
+            bb-log-info "Upgrading package '$package'"
+            bb-event-fire bb-package-pre-upgrade "$package"
+            bb-set-proxy
+            apt-get install -y "$package" || bb-exit-on-error "Failed to upgrade package '$package'"
+            bb-unset-proxy
+            bb-event-fire bb-package-post-upgrade "$package"
+        fi
+    done
+}
+
 # bb-apt-rpm-install [--force] PACKAGE...
 bb-apt-rpm-install() {
     local force=false
@@ -1274,6 +1326,257 @@ bb-package-fetch() {
     bb-log-debug "bb-package-fetch: packages are fetched when installed"
 }
 
+# ---- Bash Booster's assert, template, read, wait, task and download helpers -------------------
+
+# bb-assert EXPRESSION [MESSAGE]: the step ends with BB_ERROR_ASSERT_FAILED when EXPRESSION (a
+# shell expression, evaluated) is false.
+bb-assert() {
+    local __assertion="$1"
+    local __message="${2-Assertion error '$__assertion'}"
+    if ! eval "$__assertion"; then
+        bb-exit "$BB_ERROR_ASSERT_FAILED" "$__message"
+    fi
+}
+bb-assert-root() { bb-assert '[[ $EUID -eq 0 ]]' "${1-This script must be run as root!}"; }
+bb-assert-file() { bb-assert "[[ -f $(printf %q "$1") ]]" "${2-File '$1' not found}"; }
+bb-assert-file-readable() { bb-assert "[[ -f $(printf %q "$1") && -r $(printf %q "$1") ]]" "${2-File '$1' is not readable}"; }
+bb-assert-file-writeable() { bb-assert "[[ -f $(printf %q "$1") && -w $(printf %q "$1") ]]" "${2-File '$1' is not writeable}"; }
+bb-assert-file-executable() { bb-assert "[[ -f $(printf %q "$1") && -x $(printf %q "$1") ]]" "${2-File '$1' is not executable}"; }
+bb-assert-dir() { bb-assert "[[ -d $(printf %q "$1") ]]" "${2-Directory '$1' not found}"; }
+bb-assert-var() { bb-assert "[[ -n \${$1-} ]]" "${2-Variable '$1' not set}"; }
+
+# bb-template FILE: the file with its $VARIABLES and $(commands) expanded, as Deckhouse's does.
+bb-template() {
+    local __template="$1"
+    eval "echo \"$(<"$__template")\""
+}
+
+# bb-read-properties FILE [PREFIX], bb-read-ini FILE [SECTION|*] [PREFIX], bb-read-json FILE
+# [PREFIX], bb-read-yaml FILE [PREFIX]: set PREFIXkey=value variables from the file, with
+# Deckhouse's naming (non-word characters become _, lists get NAME_len and NAME_<i>). Python 3
+# reads them, as in Deckhouse (bb-read-yaml also needs PyYAML).
+_bb_read() {
+    local kind="$1" file="$2"
+    shift 2
+    if [[ ! -r "$file" ]]; then
+        bb-log-error "'$file' is not readable"
+        return 1
+    fi
+    if ! bb-exe? python3; then
+        bb-log-error "${FUNCNAME[1]} needs python3"
+        return 1
+    fi
+    local assignments
+    assignments="$(python3 - "$kind" "$file" "$@" <<'PY'
+import json, re, sys
+kind, filename = sys.argv[1], sys.argv[2]
+args = sys.argv[3:]
+word = lambda s: re.sub(r"[\W]", "_", str(s))
+def quote(v):
+    return "'" + str(v).replace("'", "'\\''") + "'"
+def serialize(value, name):
+    if value is None:
+        print("%s=''" % name)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            serialize(v, name + "_" + word(k))
+    elif isinstance(value, list):
+        print("%s_len=%d" % (name, len(value)))
+        for i, v in enumerate(value):
+            serialize(v, "%s_%d" % (name, i))
+    else:
+        if isinstance(value, bool):
+            value = "True" if value else "False"
+        print("%s=%s" % (name, quote(value)))
+if kind == "properties":
+    prefix = args[0] if args else ""
+    for line in open(filename):
+        m = re.match(r"^(?P<key>[^#!]*?)[\s:=]+(?P<value>.+)", line.strip())
+        if m:
+            print("%s%s=%s" % (prefix, word(m.group("key")), quote(m.group("value"))))
+elif kind == "ini":
+    import configparser
+    section = args[0] if args else ""
+    prefix = args[1] if len(args) > 1 else ""
+    reader = configparser.ConfigParser(interpolation=None)
+    reader.read(filename)
+    for s in (reader.sections() if section in ("", "*") else [section]):
+        for k, v in reader.items(s):
+            print("%s%s_%s=%s" % (prefix, word(s), word(k), quote(v)))
+else:
+    prefix = args[0] if args else ""
+    with open(filename) as f:
+        if kind == "json":
+            data = json.load(f)
+        else:
+            import yaml
+            data = yaml.safe_load(f)
+    serialize(data, prefix)
+PY
+)" || { bb-log-error "cannot read '$file' as $kind"; return 1; }
+    eval "$assignments"
+}
+bb-read-properties() { _bb_read properties "$@"; }
+bb-read-ini() { _bb_read ini "$@"; }
+bb-read-json() { _bb_read json "$@"; }
+bb-read-yaml() { _bb_read yaml "$@"; }
+bb-properties-read() {
+    bb-log-deprecated bb-read-properties bb-properties-read
+    bb-read-properties "$@"
+}
+
+# bb-wait CONDITION [TIMEOUT]: evaluates CONDITION every second until it holds; with TIMEOUT
+# (seconds) fails after that long.
+bb-wait() {
+    local __condition="$1" __timeout="${2:-}"
+    local __counter=$((${__timeout:-0}))
+    while ! eval "$__condition"; do
+        sleep 1
+        if [[ -n "$__timeout" ]]; then
+            __counter=$((__counter - 1))
+            if ((__counter <= 0)); then
+                bb-log-error "Timeout has been reached during wait for '$__condition'"
+                return 1
+            fi
+        fi
+    done
+}
+
+# bb-task-def NAME [FUNCTION], bb-task-run NAME…, bb-task-depends NAME…: each task runs once per
+# bb-task-run, its dependencies first.
+declare -A BB_TASK_FUNCS=()
+declare -a BB_TASK_CONTEXT=()
+bb-task-def() {
+    BB_TASK_FUNCS[$1]="${2-$1}"
+}
+bb-task-run() {
+    BB_TASK_CONTEXT+=("$(bb-tmp-file)")
+    bb-task-depends "$@"
+    unset 'BB_TASK_CONTEXT[${#BB_TASK_CONTEXT[@]}-1]'
+}
+bb-task-depends() {
+    local context="${BB_TASK_CONTEXT[${#BB_TASK_CONTEXT[@]}-1]:-}" name task code
+    if [[ -z "$context" || ! -f "$context" ]]; then
+        bb-exit "$BB_ERROR_TASK_BAD_CONTEXT" "Cannot run tasks. Bad context"
+    fi
+    for name in "$@"; do
+        if ! grep -qxF -- "$name" "$context"; then
+            bb-log-info "Running task '$name'..."
+            task="${BB_TASK_FUNCS[$name]:-}"
+            [[ -n "$task" ]] || bb-exit "$BB_ERROR_TASK_UNDEFINED" "Undefined task '$name'"
+            code=0
+            "$task" || code=$?
+            ((code == 0)) || bb-exit "$code" "Task '$name' failed"
+            bb-log-info "Task '$name' OK"
+        fi
+        echo "$name" >>"$context"
+    done
+}
+
+# bb-download URL [NAME] [FORCE]: downloads into $BB_WORKSPACE/download (once, unless FORCE is
+# true) and prints the file's path; bb-download-clean removes them. curl, or wget.
+bb-download() {
+    local url="$1" target force="${3:-false}"
+    target="$BB_WORKSPACE/download/${2:-$(basename "$url")}"
+    mkdir -p "$BB_WORKSPACE/download"
+    echo "$target"
+    if [[ -f "$target" ]] && ! $force; then return 0; fi
+    bb-log-info "Downloading $url"
+    if bb-exe? curl; then
+        curl -fsSL -o "$target" -- "$url"
+    else
+        wget ${BB_DOWNLOAD_WGET_OPTIONS:--nv} -O "$target" -- "$url"
+    fi || {
+        rm -f "$target"
+        bb-log-error "An error occurs while downloading $url"
+        return 1
+    }
+}
+bb-download-clean() { rm -rf "$BB_WORKSPACE/download"; }
+
+# ---- users, containerd configuration, registry packages through the agent ---------------------
+
+# bb-create_user_and_group USER UID GROUP GID: as Deckhouse's (30_user.sh): warns and leaves
+# what exists, creates what is missing.
+bb-create_user_and_group() {
+    local username="$1" userid="$2" groupname="$3" groupid="$4"
+    if id "$username" &>/dev/null && [[ "$(id -u "$username")" == "$userid" && "$(id -g "$username")" == "$groupid" ]]; then
+        bb-log-warning "User $username with UID $userid and GID $groupid already exists. No changes needed."
+        return 0
+    fi
+    bb-log-info "Creating user $username with UID $userid and GID $groupid"
+    if getent passwd "$username" >/dev/null 2>&1; then
+        bb-log-warning "User $username already exists"
+        return 0
+    fi
+    if getent group "$groupname" >/dev/null 2>&1; then
+        bb-log-warning "Group $groupname already exists"
+    elif getent group "$groupid" >/dev/null 2>&1; then
+        bb-log-warning "Group ID $groupid is already exists"
+        groupname="$(getent group "$groupid" | cut -d: -f1)"
+    else
+        groupadd -g "$groupid" "$groupname"
+    fi
+    if getent passwd "$userid" >/dev/null 2>&1; then
+        bb-log-warning "User ID $userid is already exists"
+    else
+        useradd -m -u "$userid" -g "$groupname" "$username"
+    fi
+}
+
+# bb-ctrd-v1-has-registry-fields FILE / bb-ctrd-v2-has-registry-fields FILE: whether a
+# containerd config (TOML) has the registry table of containerd 1.x (plugins."io.containerd.grpc.v1.cri".registry)
+# or 2.x (plugins."io.containerd.cri.v1.images".registry). Exit 1 when not; the step ends when
+# the file is not TOML. Read with Python 3's tomllib (Deckhouse uses yq).
+_bb_ctrd_has_registry() {
+    local plugin="$1" file="$2" r=0
+    python3 - "$plugin" "$file" <<'PY' || r=$?
+import sys
+try:
+    import tomllib
+except ImportError:
+    sys.exit(3)
+with open(sys.argv[2], "rb") as f:
+    try:
+        doc = tomllib.load(f)
+    except Exception:
+        sys.exit(2)
+sys.exit(0 if "registry" in doc.get("plugins", {}).get(sys.argv[1], {}) else 1)
+PY
+    case "$r" in
+    0 | 1) return "$r" ;;
+    3) bb-exit 1 "${FUNCNAME[1]} needs python3 ≥ 3.11 (tomllib)" ;;
+    *) bb-exit 1 "ERROR: Failed to parse TOML config: $file" ;;
+    esac
+}
+bb-ctrd-v1-has-registry-fields() { _bb_ctrd_has_registry io.containerd.grpc.v1.cri "$1"; }
+bb-ctrd-v2-has-registry-fields() { _bb_ctrd_has_registry io.containerd.cri.v1.images "$1"; }
+
+# Deckhouse's registry-package helpers, through the agent as bb-package-*: NAME:DIGEST, the
+# digest sha256:HEX (or its 64 hex alone, as Deckhouse's tags are).
+_bb_rp_ref() {
+    local name="${1%%:*}" digest="${1#*:}"
+    [[ "$digest" == sha256:* ]] || digest="sha256:$digest"
+    echo "$name:$digest"
+}
+bb-rp-install() {
+    local refs=() arg
+    for arg in "$@"; do refs+=("$(_bb_rp_ref "$arg")"); done
+    bb-package-install "${refs[@]}"
+}
+bb-rp-remove() { bb-package-remove "$@"; }
+bb-rp-fetch() {
+    local refs=() arg
+    for arg in "$@"; do refs+=("$(_bb_rp_ref "$arg")"); done
+    bb-package-fetch "${refs[@]}"
+}
+_bb_package_installed_p() {
+    _bb_agent || return 1
+    "${BB_AGENT_ARGV[@]}" package installed "$1" 2>/dev/null
+}
+# rpp-get is the agent here: nothing to install.
+bb-rpp-get-install() { bb-log-debug "bb-rpp-get-install: the agent installs registry packages"; }
+
 # ---- Deckhouse: node name, disruption approval ------------------------------------------------
 
 bb-d8-node-name() {
@@ -1283,6 +1586,16 @@ bb-d8-node-name() {
         echo "$D8_NODE_HOSTNAME"
     else
         hostname
+    fi
+}
+
+# bb-discover-node-name: records the node's name for bb-d8-node-name
+# ($BASHIBLE_STATE_DIR/discovered-node-name), as Deckhouse's bashible does before the steps.
+bb-discover-node-name() {
+    if [[ ! -s "$BASHIBLE_STATE_DIR/discovered-node-name" ]]; then
+        local name="${D8_NODE_HOSTNAME:-}"
+        [[ -n "$name" ]] || name="$(hostname)"
+        echo "$name" >"$BASHIBLE_STATE_DIR/discovered-node-name"
     fi
 }
 
@@ -1368,6 +1681,11 @@ bb-yum-package?() { _bb_yum_package_p "$@"; }
 bb-yum-repo?() { _bb_yum_repo_p "$@"; }
 bb-zypper?() { _bb_zypper_p "$@"; }
 bb-zypper-package?() { _bb_zypper_package_p "$@"; }
+bb-rp-is-installed?() { if [[ -n "${2:-}" ]]; then _bb_package_installed_p "$(_bb_rp_ref "$1:$2")"; else _bb_package_installed_p "$1"; fi; }
+bb-apt-rpm-repo?() { _bb_apt_repo_p "$@"; }
+bb-apt-rpm-package-upgrade?() { _bb_apt_rpm_package_upgrade_p "$@"; }
+bb-package-is-installed?() { _bb_package_installed_p "$1"; }
+bb-is-distro-like?() { _bb_is_distro_like_p "$@"; }
 
 # ---- set-up and the EXIT trap -----------------------------------------------------------------
 

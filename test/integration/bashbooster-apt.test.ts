@@ -29,7 +29,7 @@ t.test(
     t.equal(first.stdout.trim().split("\n").pop(), "installed:bb-test-hello");
     t.match(first.stderr, /Updating apt cache/);
     t.ok(await installed(), "installed by apt-get");
-    t.equal((await step("apt-mark showhold\n")).stdout, "bb-test-hello\n", "held, as Deckhouse holds what it installs");
+    t.equal((await step("apt-mark showhold\n")).stdout, "", "not held: Deckhouse holds nothing it installs");
     t.ok(existsSync(path.join(node.root, "var/lib/bashible/.bb-workspace/flag/apt-updated")), "flag apt-updated");
 
     const again = await step(`${events}bb-apt-install bb-test-hello\n`);
@@ -41,6 +41,10 @@ t.test(
     );
     await step("bb-run-finished\n");
     t.equal((await step(`${events}bb-apt-install bb-test-hello\n`)).stdout, "", "after the converge: no event");
+    const forced = await step(`${events}bb-apt-install --force bb-test-hello\n`);
+    t.equal(forced.code, 0, forced.stderr);
+    t.match(forced.stderr, /Installing packages 'bb-test-hello'/, "--force installs it although it is there");
+    t.match(forced.stdout, /\ninstalled:bb-test-hello\n$/, "and fires the event");
 
     t.equal(
       (

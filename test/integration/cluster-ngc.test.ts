@@ -152,7 +152,7 @@ t.test("a broken NGC freezes only the groups it selects, and says why", async (t
   const st = await until("status.error", () => failed("broken.sh"));
   t.match(
     st.error,
-    /^NodeGroupConfiguration\/broken\.sh: spec\.content line 2: \{\{- template "helpers" \. \}\}: 'template' is not supported/,
+    /^NodeGroupConfiguration\/broken\.sh: spec\.content line 2: \{\{template "helpers" \.\}\}: template "helpers" not defined/,
   );
   t.same(st.failedNodeGroups, ["worker"]);
   const ev = await until("Warning Event", async () => (await events("broken.sh")).find((e) => e.type === "Warning"));

@@ -47,15 +47,19 @@ await mkdir(repo);
 await run("dpkg-deb", ["--build", pkg, path.join(repo, `${PACKAGE}_1.2-1_all.deb`)]);
 await writeFile(path.join(repo, "Packages"), (await run("dpkg-scanpackages", ["."], { cwd: repo })).stdout);
 
-// Only the custom scripts: the built-in steps are proven elsewhere and need a cluster's packages.
+// The custom scripts and one built-in step that needs no cluster packages (004, the PATH
+// drop-in, which a corpus script patches); the other built-in steps are proven elsewhere.
 const inputs: RenderInputs = { ...structuredClone(example), configurations: corpus };
 inputs.context.proxy = { httpProxy: "http://proxy.example.com:3128", noProxy: ["127.0.0.1", ".cluster.local"] };
-const rendered = renderGroup(inputs.nodeGroups[0]!, inputs, Date.now()).bundle;
 const { makeBundle } = await import("../../scripts/lib/bundle.ts");
-const bundle = makeBundle(
-  rendered.steps.filter((s) => s.kind === "Script"),
-  { context: rendered.context },
-);
+const bundleOf = (i: RenderInputs) => {
+  const rendered = renderGroup(i.nodeGroups[0]!, i, Date.now()).bundle;
+  return makeBundle(
+    rendered.steps.filter((s) => s.kind === "Script" || s.kind === "DeckhousePath"),
+    { context: rendered.context },
+  );
+};
+const bundle = bundleOf(inputs);
 
 /** Every regular file, link and directory under the node's upper layer, by content (not mtime). */
 async function snapshot(dir: string, skip: RegExp): Promise<Map<string, string>> {
@@ -146,6 +150,8 @@ t.test("Deckhouse-style NGC scripts, rendered by the server, applied by the agen
   t.ok(await exists("/etc/once-done"));
   t.notOk(await exists("/etc/once-never"), "nothing after exit 0 / return 0 ran");
   t.equal(await file("/etc/after-stdin"), "the rest of the script ran\n");
+  const DROP_IN = "/etc/profile.d/02-deckhouse-path.sh";
+  t.match(await file(DROP_IN), /\nexport CORPUS_PATCHED=1\n$/, "the script patched the built-in step's file");
 
   // A forced full run: every script runs again and changes nothing.
   const ignore =
@@ -159,4 +165,24 @@ t.test("Deckhouse-style NGC scripts, rendered by the server, applied by the agen
   const after = await snapshot(node.upper, ignore);
   const changed = [...new Set([...before.keys(), ...after.keys()])].filter((k) => before.get(k) !== after.get(k));
   t.same(changed, [], "the second converge changed no file");
+
+  // A new configuration that changes nothing any of these scripts reads: the built-in step
+  // rewrites its drop-in (the patch is drift to it), and the patching script, unchanged, runs in
+  // the same converge, as Deckhouse runs every step of every converge, so the patch is back at
+  // once, not at the next 4-hour epoch.
+  const next = structuredClone(inputs);
+  next.configurations.push({
+    metadata: { name: "unrelated.sh" },
+    spec: { content: "true\n", weight: 200, nodeGroups: ["*"], bundles: ["*"] },
+  });
+  await node.writeFile("/root/bundle.json", JSON.stringify(bundleOf(next)));
+  const third = await once("a converge to a new configuration");
+  t.match(third.stdout, /004_add_deckhouse_paths: changed/, "the built-in step rewrote its file");
+  t.match(third.stdout, /005_patch-path-dropin\.sh: changed/, "the unchanged script ran again");
+  t.match(await file(DROP_IN), /\nexport CORPUS_PATCHED=1\n$/, "and the patch is there after the converge");
+  const plan = await node.exec(["/mnt/bashible", "plan", "--bundle", "/root/bundle.json", "--node-name", "worker-1"]);
+  // In sync: no converge is due, so no script is. (The built-in step's own plan still shows the
+  // patch as drift: a converge would rewrite the file, and the script patch it again.)
+  t.match(plan.stdout, /gate: in sync/, "no converge due afterwards");
+  t.notMatch(plan.stdout, /\(Script\): (?!in sync)/, "no script due");
 });

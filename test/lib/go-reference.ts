@@ -1,36 +1,30 @@
-// Go's own text/template + sprig, as Deckhouse's bashible-apiserver renders
-// NodeGroupConfiguration content, for differential tests of cluster/render/go-template.ts.
-// The program is test/reference/go-template; it is built once with the machine's Go (modules
-// from the Go module proxy) and cached outside the repository, keyed by its sources.
+// A model of Deckhouse's own template engine (test/reference/go-template: Go's text/template +
+// sprig at the versions Deckhouse pins, Deckhouse's function set, none of this server's guards),
+// for differential tests of the bundle server's engine (cluster/render/template-engine). Built
+// once with the machine's Go (modules from the Go module proxy) and cached outside the
+// repository, keyed by its sources.
 import { execFile, spawn } from "node:child_process";
 import { createHash } from "node:crypto";
 import { access, mkdir, readFile, rename } from "node:fs/promises";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
+import { goBinary } from "../../scripts/build-template-engine.ts";
 
 const execFileP = promisify(execFile);
 const SRC = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../reference/go-template");
 const CACHE = process.env.BASHIBLE_TEST_CACHE ?? "/var/cache/bashible-test";
+// Deckhouse's server runs in UTC; so does the WebAssembly engine (it reads no zone files).
+const ENV = { ...process.env, TZ: "UTC" };
 
 export interface GoResult {
   out?: string;
   err?: string;
 }
 
-async function goBinary(): Promise<string | undefined> {
-  for (const p of ["/usr/local/go/bin/go", "/usr/bin/go"]) {
-    try {
-      await access(p);
-      return p;
-    } catch {}
-  }
-  return undefined;
-}
-
 /** Path of the built reference renderer, or a reason it cannot exist here. */
 export async function goReference(): Promise<{ bin: string } | { skip: string }> {
-  const go = await goBinary();
+  const go = goBinary();
   if (!go) return { skip: "Go is not installed (needed to build the reference renderer)" };
   const hash = createHash("sha256");
   for (const f of ["main.go", "go.mod", "go.sum"]) hash.update(await readFile(path.join(SRC, f)));
@@ -44,7 +38,7 @@ export async function goReference(): Promise<{ bin: string } | { skip: string }>
   try {
     await execFileP(go, ["build", "-trimpath", "-o", tmp, "."], {
       cwd: SRC,
-      env: { ...process.env, CGO_ENABLED: "0", GOFLAGS: "-mod=mod" },
+      env: { ...process.env, CGO_ENABLED: "0" },
       timeout: 10 * 60_000,
     });
   } catch (err) {
@@ -54,9 +48,12 @@ export async function goReference(): Promise<{ bin: string } | { skip: string }>
   return { bin };
 }
 
-/** Renders every case with Go; data goes through JSON as Deckhouse's context does. */
-export async function renderWithGo(bin: string, cases: { template: string; data: unknown }[]): Promise<GoResult[]> {
-  const child = spawn(bin, [], { stdio: ["pipe", "pipe", "inherit"] });
+/** Renders every case as Deckhouse would; data goes through JSON as Deckhouse's context does. */
+export async function renderWithGo(
+  bin: string,
+  cases: { name?: string; template: string; data: unknown }[],
+): Promise<GoResult[]> {
+  const child = spawn(bin, [], { stdio: ["pipe", "pipe", "inherit"], env: ENV });
   const chunks: Buffer[] = [];
   child.stdout.on("data", (c: Buffer) => chunks.push(c));
   const done = new Promise<number>((resolve, reject) => {
@@ -67,4 +64,21 @@ export async function renderWithGo(bin: string, cases: { template: string; data:
   const code = await done;
   if (code !== 0) throw new Error(`reference renderer exited ${code}`);
   return JSON.parse(Buffer.concat(chunks).toString("utf8")) as GoResult[];
+}
+
+/** The functions Deckhouse's templates can call. */
+export async function goFunctions(bin: string): Promise<string[]> {
+  const { stdout } = await execFileP(bin, ["-funcs"], { env: ENV });
+  return JSON.parse(stdout) as string[];
+}
+
+/** Deckhouse's data for a context of ours: each kept-out value is there, as `secret`. */
+export function withSecrets(v: unknown, secret: string): unknown {
+  if (Array.isArray(v)) return v.map((e) => withSecrets(e, secret));
+  if (v && typeof v === "object") {
+    const o = v as Record<string, unknown>;
+    if (Object.keys(o).length === 1 && typeof o.$keptOut === "string") return secret;
+    return Object.fromEntries(Object.entries(o).map(([k, e]) => [k, withSecrets(e, secret)]));
+  }
+  return v;
 }

@@ -111,12 +111,24 @@ EOF
   );
 });
 
-t.test("templates see Deckhouse's context, without secrets", async (t) => {
+t.test("templates see Deckhouse's context; secrets and what the server cannot know are kept out", async (t) => {
   const worker = structuredClone(base.nodeGroups[0]!) as NodeGroupObject;
   worker.spec.kubelet = { maxPods: 150 };
   worker.spec.chaos = { mode: "Disabled" };
-  const i = inputs([ngc("view.sh", { content: "{{ . | toJson }}" })], { nodeGroups: [worker] });
+  // Everything but the kept-out values, as JSON.
+  const content = `{{- $v := omit . "bundle" "k8s" "bashible" "images" "Files" -}}
+{{- $_ := set $v "normal" (omit .normal "bootstrapTokens") -}}
+{{- $_ := set $v "packagesProxy" (omit .packagesProxy "token") -}}
+{{- $_ := set $v "registry" (omit .registry "auth" "dockerCfg") -}}
+{{- $users := list -}}
+{{- range .nodeUsers }}{{ $users = append $users (dict "name" .name "spec" (omit .spec "passwordHash")) }}{{ end -}}
+{{- $_ := set $v "nodeUsers" $users -}}
+{{ toJson $v }}`;
+  const i = inputs([ngc("view.sh", { content })], { nodeGroups: [worker] });
   i.users[0]!.spec.passwordHash = "$6$secret$hash";
+  i.context.registry!.auth = Buffer.from("user:registry-password").toString("base64");
+  i.context.cloudProvider = { type: "openstack" };
+  i.context.nodeStatusUpdateFrequency = 4;
   const view = JSON.parse(scripts(i)["100_view.sh"]!.script);
   t.equal(view.runType, "Normal");
   t.equal(view.kubernetesVersion, "1.34");
@@ -130,19 +142,78 @@ t.test("templates see Deckhouse's context, without secrets", async (t) => {
     cri: { type: "Containerd" },
   });
   t.match(view.nodeGroup.updateEpoch, /^\d+$/);
-  t.same(view.normal.apiserverEndpoints, ["127.0.0.1:6443"]);
-  t.match(view.normal.kubernetesCA, /BEGIN CERTIFICATE/);
+  t.same(view.normal, {
+    apiserverEndpoints: ["127.0.0.1:6443"],
+    kubernetesCA: i.context.clusterCA,
+    clusterDomain: "cluster.local",
+    clusterDNSAddress: "10.222.0.10",
+    moduleSourcesCA: {},
+  });
   t.same(view.registry, { address: "registry.example.com", path: "/deckhouse/ce", scheme: "https" });
   t.same(view.packagesProxy, { addresses: ["127.0.0.1:4219"] });
-  t.same(
-    view.nodeUsers.map((u: { name: string }) => u.name),
-    ["alice"],
-  );
-  t.same(Object.keys(view.nodeUsers[0].spec).sort(), ["extraGroups", "isSudoer", "nodeGroups", "sshPublicKeys", "uid"]);
-  t.equal(view.nodeUsers[0].spec.uid, 1100);
-  const text = JSON.stringify(view);
-  t.notMatch(text, /example-packages-proxy-token/, "no proxy token");
-  t.notMatch(text, /\$6\$secret/, "no password hash");
+  t.same(view.cloudProvider, { type: "openstack" });
+  t.equal(view.nodeStatusUpdateFrequency, 4);
+  t.same(view.nodeUsers, [
+    {
+      name: "alice",
+      spec: {
+        uid: 1100,
+        sshPublicKeys: base.users[0]!.spec.sshPublicKeys,
+        isSudoer: true,
+        nodeGroups: ["*"],
+        extraGroups: ["adm"],
+      },
+    },
+  ]);
+
+  // Kept out: true as a condition, refused with the reason everywhere else; never the value.
+  const keptOut: Record<string, RegExp> = {
+    ".bundle": /\$BUNDLE/,
+    ".k8s": /version map/,
+    ".bashible": /version map/,
+    ".images": /module images/,
+    ".normal.bootstrapTokens": /secret/,
+    ".packagesProxy.token": /\$PACKAGES_PROXY_TOKEN/,
+    ".registry.auth": /\$REGISTRY_AUTH/,
+    ".registry.dockerCfg": /secret/,
+    "(index .nodeUsers 0).spec.passwordHash": /secret/,
+  };
+  for (const [path, why] of Object.entries(keptOut)) {
+    t.equal(
+      scripts(
+        inputs([ngc("if.sh", { content: `{{ if ${path} }}set{{ end }}` })], {
+          nodeGroups: [worker],
+          context: i.context,
+          users: i.users,
+        }),
+      )["100_if.sh"]!.script,
+      "set",
+      `${path} is there`,
+    );
+    const err = renderAll(
+      inputs([ngc("print.sh", { content: `echo {{ ${path} }}` })], {
+        nodeGroups: [worker],
+        context: i.context,
+        users: i.users,
+      }),
+      NOW,
+    ).errors.get("worker");
+    t.match(err?.message, why, `${path}: printing it is refused with the reason`);
+    t.notMatch(
+      err?.message,
+      /registry-password|\$6\$secret|example-packages-proxy-token/,
+      `${path}: no secret in the error`,
+    );
+  }
+  const whole = renderAll(
+    inputs([ngc("all.sh", { content: "{{ toJson . }}" })], {
+      nodeGroups: [worker],
+      context: i.context,
+      users: i.users,
+    }),
+    NOW,
+  ).errors.get("worker");
+  t.match(whole?.message, /kept out/, "the whole context cannot be dumped");
 });
 
 t.test("spec.bundles takes Deckhouse's names and the step carries them", async (t) => {
@@ -280,7 +351,7 @@ t.test("the render loop reports a broken NGC once per change, and once when it r
   t.equal(calls.length, 1, "reported once");
   t.match(
     calls[0],
-    /^broken\.sh\|NodeGroupConfiguration\/broken\.sh: spec\.content line 1: .*'include' is not supported.*\|worker$/,
+    /^broken\.sh\|NodeGroupConfiguration\/broken\.sh: spec\.content line 1: .*include is a stub in Deckhouse.*\|worker$/,
   );
   t.equal(store.get("nodegroupbundles", "worker")!.object.checksum, before, "worker held back");
   const front = store.get("nodegroupbundles", "frontend")!.object as unknown as {

@@ -282,10 +282,7 @@ t.test("bad input gives an error naming the object", async (t) => {
 
   const tpl = inputs();
   tpl.configurations[0]!.spec.content = "echo start\n{{ if .nodeGroup.name }}\nunclosed";
-  t.match(
-    renderErr(tpl).message,
-    /NodeGroupConfiguration\/sysctl-tuning: spec.content line 2: \{\{ if .nodeGroup.name \}\}: \{\{if\}\} has no matching \{\{end\}\}/,
-  );
+  t.match(renderErr(tpl).message, /NodeGroupConfiguration\/sysctl-tuning: spec.content line 3: unexpected EOF/);
 
   const ctx = inputs();
   ctx.context.packages.bashible!.digest = "sha256:nope";
@@ -308,10 +305,16 @@ t.test("one group's bad input does not stop the others", async (t) => {
 
 t.test("NGC scripts cannot reach the packages proxy token", async (t) => {
   const i = inputs();
-  i.configurations[0]!.spec.content =
-    "echo {{ .packagesProxy.addresses }}{{ if .packagesProxy.token }} leaked{{ end }}";
+  i.configurations[0]!.spec.content = "echo {{ .packagesProxy.addresses }}";
   const s = render(i).bundle.steps.find((x) => x.kind === "Script")!;
   t.equal(s.kind === "Script" && s.spec.script, "echo [127.0.0.1:4219]");
+  for (const content of ["echo {{ .packagesProxy.token }}", "echo {{ .packagesProxy | toJson }}"]) {
+    const bad = inputs();
+    bad.configurations[0]!.spec.content = content;
+    const err = renderErr(bad).message;
+    t.match(err, /packagesProxy\.token is a secret, kept out of scripts/, content);
+    t.notMatch(err, new RegExp(i.context.packagesProxy.token), `${content}: the token is not in the error`);
+  }
 });
 
 t.test("bashibles and bootstrap carry the agent package and a cleanup script", async (t) => {
