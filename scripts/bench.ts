@@ -15,6 +15,7 @@ const BENCHES: Record<string, () => Promise<unknown>> = {
   rollout: () => import("./bench/rollout.ts"),
   runner: () => import("./bench/runner.ts"),
   server: () => import("./bench/server.ts"),
+  soak: () => import("./bench/soak.ts"),
   steps: () => import("./bench/steps.ts"),
 };
 

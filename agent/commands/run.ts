@@ -92,6 +92,12 @@ ${FENCING_HELP}`,
   needsRoot: "it converges the node: writes its files and sets their owners, under --root too",
   resident: true,
   async run({ values, root, log }) {
+    // No shared pool for small Buffers in the resident process. A pool slab (8 KiB) lives until
+    // its last slice dies, so it reaches the old generation, where only a mark-compact frees it,
+    // and a quiet process rarely runs one: fencing's status files (every 5 s) used up a slab a
+    // round and RSS grew ~5 MB an hour (`npm run bench -- soak`). Unpooled, a small Buffer dies
+    // young and takes its memory with it.
+    Buffer.poolSize = 0;
     const opts = convergeOptions(values, root, log); // validates the shared flags
     fencingSettings(values); // and the fencing flags, before anything starts
     const tick = values.tick === undefined ? 60 : Number(values.tick);
