@@ -35,6 +35,8 @@ export interface FencingStatus {
   peersKnown: number;
   /** The peers from the last Node list seen, kept for a restart while the API is out of reach. */
   peers: Peer[];
+  /** Fencing nodes of the group that are not asked (yet), and why. */
+  peersWaiting?: { name: string; why: string }[];
   lastPeers?: PeerAnswer[];
   verdict?: Verdict & { at: string };
   badRounds: number;
@@ -53,15 +55,26 @@ export interface FencingStatus {
 
 export const iso = (ms: number | undefined) => (ms === undefined ? undefined : new Date(ms).toISOString());
 
+/** Written atomically: a temporary file renamed over the old one. */
+async function replace(file: string, text: string): Promise<void> {
+  const tmp = `${file}.${process.pid}.tmp`;
+  await writeFile(tmp, text, { mode: 0o644 });
+  await rename(tmp, file);
+}
+
 export async function writeStatusFiles(root: string, status: FencingStatus, metricsText: string): Promise<void> {
   const file = path.join(root, PATHS.fencingStatus);
-  await mkdir(path.dirname(file), { recursive: true });
-  const tmp = `${file}.${process.pid}.tmp`;
-  await writeFile(tmp, `${JSON.stringify(status)}\n`, { mode: 0o644 });
-  await rename(tmp, file);
-  const prom = path.join(root, PATHS.fencingMetrics);
-  await writeFile(`${prom}.${process.pid}.tmp`, metricsText, { mode: 0o644 });
-  await rename(`${prom}.${process.pid}.tmp`, prom);
+  const text = `${JSON.stringify(status)}\n`;
+  try {
+    await replace(file, text);
+  } catch (err) {
+    // The directory is made on the first write (or again after someone removed it), not before
+    // every write: /run/bashible is there all the time after that.
+    if ((err as NodeJS.ErrnoException).code !== "ENOENT") throw err;
+    await mkdir(path.dirname(file), { recursive: true });
+    await replace(file, text);
+  }
+  await replace(path.join(root, PATHS.fencingMetrics), metricsText);
 }
 
 /**

@@ -1,5 +1,5 @@
-// npm run bench -- fencing [--only gap,isolation,outage,rss] [--gap-seconds N] [--samples N]
-//                          [--compression K] [--rss-seconds N]
+// npm run bench -- fencing [--only gap,restart,isolation,outage,rss,idle] [--gap-seconds N]
+//                          [--samples N] [--compression K] [--rss-seconds N] [--idle-seconds N]
 //
 // The shipped agent (dist/bashible, --lite-mode) on a real kube-apiserver, each node with a
 // FIFO for its watchdog (bytes timed where the test reads them):
@@ -12,8 +12,12 @@
 // 3. outage: 10 nodes, the API server stopped (SIGSTOP) for 5 minutes time-compressed by K
 //    (every fencing timing divided by K, the outage too). Goal: 0 nodes stop petting.
 // 4. rss: the resident agent with fencing on (Watchdog) vs off, side by side. Goal: <= +3 MB.
+// 5. idle: the same pair at the default timings for --idle-seconds (default 600), kubelets
+//    renewing their Leases every 10 s: RSS at 60 s and at the end, and CPU per idle minute
+//    (utime + stime from /proc/PID/stat, from 60 s to the end). Goal: fencing's share
+//    <= 20 ms per minute (Deckhouse's fencing-agent), RSS <= +3 MB.
 import { spawn, type ChildProcess } from "node:child_process";
-import { mkdtemp, readFile, rename, writeFile } from "node:fs/promises";
+import { mkdtemp, readdir, readFile, rename, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { parseArgs } from "node:util";
@@ -29,11 +33,12 @@ import { sleep } from "../../lib/sleep.ts";
 
 const { values } = parseArgs({
   options: {
-    only: { type: "string", default: "gap,restart,isolation,outage,rss" },
+    only: { type: "string", default: "gap,restart,isolation,outage,rss,idle" },
     "gap-seconds": { type: "string", default: "60" },
     samples: { type: "string", default: "5" },
     compression: { type: "string", default: "5" },
     "rss-seconds": { type: "string", default: "60" },
+    "idle-seconds": { type: "string", default: "600" },
   },
 });
 const only = new Set(values.only.split(","));
@@ -53,6 +58,26 @@ const pct = (xs: number[], p: number) => {
   return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))] ?? Number.NaN;
 };
 const median = (xs: number[]) => pct(xs, 50);
+/** CPU time (user + system, every thread) of a process so far, in ms (USER_HZ = 100). */
+async function cpuMs(pid: number): Promise<number> {
+  const stat = await readFile(`/proc/${pid}/stat`, "utf8");
+  // The command name may hold spaces: the fields start after its closing parenthesis.
+  const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+  return (Number(f[11]) + Number(f[12])) * 10;
+}
+/** CPU time of every thread of a process so far, in ms, from schedstat (ns: finer than USER_HZ). */
+async function schedMs(pid: number): Promise<number> {
+  let ns = 0;
+  for (const tid of await readdir(`/proc/${pid}/task`))
+    ns += Number((await readFile(`/proc/${pid}/task/${tid}/schedstat`, "utf8").catch(() => "0")).split(" ")[0]);
+  return ns / 1e6;
+}
+async function startedAtMs(pid: number): Promise<number> {
+  const stat = await readFile(`/proc/${pid}/stat`, "utf8");
+  const ticks = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[19]);
+  const boot = Date.now() - os.uptime() * 1000;
+  return boot + ticks * 10;
+}
 async function rssKb(pid: number, field = "VmRSS"): Promise<number> {
   const m = new RegExp(`${field}:\\s+(\\d+)`).exec(await readFile(`/proc/${pid}/status`, "utf8"));
   return Number(m?.[1] ?? 0);
@@ -299,6 +324,81 @@ try {
     );
     await a.agent.signal("SIGTERM");
     await b.agent.signal("SIGTERM");
+  }
+  if (only.has("idle")) {
+    // Production timings, not the fixture's compressed ones: the cost of an idle node.
+    const timings = "pet=5,check=5,api=4,peer=3,rounds=3,kubelet=20";
+    const on = await startFencingCluster(cp, {
+      group: "idle-on",
+      nodes: [{ name: "idle-on" }, { name: "idle-on-b" }, { name: "idle-on-c" }],
+      timings,
+      command,
+    });
+    const off = await startFencingCluster(cp, {
+      group: "idle-off",
+      nodes: [{ name: "idle-off" }],
+      mode: "off",
+      command,
+    });
+    clusters.push(on, off);
+    const leases = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases";
+    const all = [...on.nodes, ...off.nodes];
+    for (const n of all)
+      await cp.admin.request("POST", leases, {
+        body: {
+          metadata: { name: n.name },
+          spec: { holderIdentity: n.name, leaseDurationSeconds: 40, renewTime: microTime(Date.now()) },
+        },
+      });
+    let renewing = true;
+    const kubelets = (async () => {
+      while (renewing) {
+        await sleep(10_000);
+        await Promise.all(
+          all.map((n) =>
+            cp.admin
+              .request("PATCH", `${leases}/${n.name}`, { body: { spec: { renewTime: microTime(Date.now()) } } })
+              .catch(() => undefined),
+          ),
+        );
+      }
+    })();
+    const a = on.nodes[0]!;
+    const b = off.nodes[0]!;
+    const ready = [a.watchdog.nextPets(2, 120_000), b.agent.waitMsg(/converge finished/, 120_000)];
+    for (const n of all) n.agent.start();
+    await Promise.all(ready);
+    const pa = a.agent.proc!.pid!;
+    const pb = b.agent.proc!.pid!;
+    const started = Math.max(await startedAtMs(pa), await startedAtMs(pb));
+    const until = (ms: number) => sleep(Math.max(0, started + ms - Date.now()));
+    const secs = Number(values["idle-seconds"]);
+    await until(60_000);
+    const sample = async () => ({
+      a: await rssKb(pa),
+      b: await rssKb(pb),
+      ca: await cpuMs(pa),
+      cb: await cpuMs(pb),
+      sa: await schedMs(pa),
+      sb: await schedMs(pb),
+      t: Date.now(),
+    });
+    const at60 = await sample();
+    await until(secs * 1000);
+    const end = await sample();
+    const minutes = (end.t - at60.t) / 60_000;
+    const [cOn, cOff] = [(end.ca - at60.ca) / minutes, (end.cb - at60.cb) / minutes];
+    const [sOn, sOff] = [(end.sa - at60.sa) / minutes, (end.sb - at60.sb) / minutes];
+    const mb = (kb: number) => (kb / 1024).toFixed(1);
+    say(
+      `idle, default timings, kubelets renewing every 10 s (fencing on: 3 nodes, measured on one; off: fencing not in the bundle): RSS at 60 s on ${mb(at60.a)} / off ${mb(at60.b)} MB (+${mb(at60.a - at60.b)}), at ${secs} s on ${mb(end.a)} / off ${mb(end.b)} MB (+${mb(end.a - end.b)}) (goal <= +3 MB); CPU per idle minute over ${minutes.toFixed(1)} min: on ${cOn.toFixed(1)} ms, off ${cOff.toFixed(1)} ms, fencing's share ${(cOn - cOff).toFixed(1)} ms (goal <= 20); from schedstat (ns, every thread): on ${sOn.toFixed(1)}, off ${sOff.toFixed(1)}, share ${(sOn - sOff).toFixed(1)} ms; load average ${os
+        .loadavg()
+        .map((l) => l.toFixed(1))
+        .join(" ")}`,
+    );
+    renewing = false;
+    await kubelets;
+    for (const n of all) await n.agent.signal("SIGTERM");
   }
 } finally {
   for (const c of clusters) await c.stop();
