@@ -91,9 +91,13 @@ export class PeerServer {
   private tls: https.Server | undefined;
   private gate: ConnectionGate;
   private cas: X509Certificate[];
+  private serving: ServingTls;
+  private ca: Buffer;
 
   constructor(o: PeerServerOptions) {
     this.o = o;
+    this.serving = o.serving;
+    this.ca = o.ca;
     this.cas = parseCAs(o.ca);
     this.gate = new ConnectionGate(o.limits, o.isNodeAddress, o.onRefused);
   }
@@ -109,14 +113,33 @@ export class PeerServer {
   }
 
   async start(): Promise<void> {
+    // The listener is a plain TCP server: the gate decides before any TLS state exists, and
+    // the TLS server behind it is made when the first connection is let in (peers ask only
+    // while their API fails, so an idle node need not carry it).
+    const listener = net.createServer((sock) => {
+      if (this.gate.admit(sock)) this.tlsServer().emit("connection", sock);
+    });
+    await new Promise<void>((resolve, reject) => {
+      listener.once("error", reject);
+      listener.listen(this.o.port, this.o.host, () => {
+        listener.off("error", reject);
+        resolve();
+      });
+    });
+    listener.on("error", (err) => this.o.onError?.(`peer endpoint: ${err.message}`));
+    this.listener = listener;
+  }
+
+  private tlsServer(): https.Server {
+    if (this.tls) return this.tls;
     const { limits } = this.o;
     const tls = https.createServer(
       {
-        cert: this.o.serving.cert,
-        key: this.o.serving.key,
+        cert: this.serving.cert,
+        key: this.serving.key,
         // The cluster CA is named in the certificate request; it also spares the context the
         // system's root store (several MB of parsed certificates in a resident process).
-        ca: this.o.ca,
+        ca: this.ca,
         requestCert: true,
         rejectUnauthorized: false,
         minVersion: "TLSv1.2",
@@ -129,25 +152,15 @@ export class PeerServer {
     );
     tls.keepAliveTimeout = limits.idleMs;
     tls.on("tlsClientError", () => undefined);
-    // The listener is a plain TCP server: the gate decides before any TLS state exists.
-    const listener = net.createServer((sock) => {
-      if (this.gate.admit(sock)) tls.emit("connection", sock);
-    });
-    await new Promise<void>((resolve, reject) => {
-      listener.once("error", reject);
-      listener.listen(this.o.port, this.o.host, () => {
-        listener.off("error", reject);
-        resolve();
-      });
-    });
-    listener.on("error", (err) => this.o.onError?.(`peer endpoint: ${err.message}`));
-    this.listener = listener;
     this.tls = tls;
+    return tls;
   }
 
   /** New certificates (a rotation): new connections use them. */
   updateTls(serving: ServingTls, ca: Buffer): void {
     this.cas = parseCAs(ca);
+    this.serving = serving;
+    this.ca = ca;
     this.tls?.setSecureContext({ cert: serving.cert, key: serving.key, ca });
   }
 
