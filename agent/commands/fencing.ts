@@ -45,6 +45,7 @@ export function formatFencingStatus(s: FencingStatus, alive: boolean, now = syst
       `API check:        ${s.lastCheck.result}${s.lastCheck.detail ? ` (${s.lastCheck.detail})` : ""} in ${s.lastCheck.durationMs} ms${s.lastCheck.kubeletLeaseAgeSeconds !== undefined ? `; kubelet Lease renewed ${s.lastCheck.kubeletLeaseAgeSeconds} s ago` : ""}`,
     );
   l.push(`peers known:      ${s.peersKnown}`);
+  for (const p of s.peersWaiting ?? []) l.push(`  ${p.name.padEnd(24)} not asked: ${p.why}`);
   for (const p of s.lastPeers ?? []) l.push(`  ${p.node.padEnd(24)} ${p.outcome}${p.detail ? ` (${p.detail})` : ""}`);
   return `${l.join("\n")}\n`;
 }
@@ -52,7 +53,8 @@ export function formatFencingStatus(s: FencingStatus, alive: boolean, now = syst
 const command: Command = {
   summary: "fencing: show whether the watchdog is armed and petted, and the last decision",
   usage: "status [--root DIR] [--json] [--metrics]",
-  help: `Reads ${PATHS.fencingStatus}, which the resident agent (bashible run) rewrites on every check.
+  help: `Reads ${PATHS.fencingStatus}, which the resident agent (bashible run) rewrites when
+its decision, arming, label or peers change, and every 30 s otherwise.
 
 Exit: 0 when armed and petting (or Notify mode, or maintenance), 1 when fencing is on but the
 device is not petted, or no agent is running.

@@ -14,7 +14,8 @@ import type { Verdict } from "./decide.ts";
 import { checked, type FencingState, next } from "./decision.ts";
 import type { FencingDevice } from "./device.ts";
 import type { FencingConfig } from "./fencing.ts";
-import { type ApiCheck, checkApi } from "./health.ts";
+import { type ApiCheck, checkApi, leasePath } from "./health.ts";
+import { LeaseProbe } from "./lease-probe.ts";
 import type { FencingMetrics } from "./metrics.ts";
 import type { NodeFollower } from "./node-follower.ts";
 import type { NodeLabels } from "./node-labels.ts";
@@ -24,6 +25,12 @@ import type { PeerAnswer } from "./peers.ts";
 
 /** Deadline of a label removal when standing down: the magic close must not wait for an API that is down. */
 export const UNLABEL_DEADLINE_MS = 2_000;
+
+/**
+ * How much earlier than due a round may start to share a pet tick's wakeup: 1 % of the check
+ * interval, at most 50 ms. Earlier, never later, so every window stays what the timings say.
+ */
+export const alignSlackMs = (t: AgentTimings) => Math.min(50, t.checkIntervalMs / 100);
 
 export interface CheckLoopOptions {
   nodeName: string;
@@ -39,7 +46,10 @@ export interface CheckLoopOptions {
   asker: PeerAsker;
   /** The decision state, shared with the pet timer (which only reads it). */
   state: { get(): FencingState; set(s: FencingState): void };
-  writeStatus: () => Promise<void>;
+  /** The pet timer, whose ticks a round may start right after (PetTimer.tickBefore). */
+  ticks?: { tickBefore(due: number, slackMs: number): Promise<void> | undefined };
+  /** Writes the status when it changed or is due; `force`: now. */
+  writeStatus: (o?: { force?: boolean }) => Promise<void>;
 }
 
 export class CheckLoop {
@@ -51,9 +61,26 @@ export class CheckLoop {
   /** When the API check in flight started, if one is (the peer endpoint reports a hang). */
   inFlightSince: number | undefined;
   private lastVerdictKind: string | undefined;
+  /** The API check's own connection, for the current client's credentials. */
+  private probe: { client: KubeClient; probe: LeaseProbe } | undefined;
 
   constructor(o: CheckLoopOptions) {
     this.o = o;
+  }
+
+  /** Closes the API check's connection. */
+  close(): void {
+    this.probe?.probe.close();
+    this.probe = undefined;
+  }
+
+  private probeFor(client: KubeClient | undefined): LeaseProbe | undefined {
+    if (!client) return undefined;
+    if (this.probe?.client !== client) {
+      this.close();
+      this.probe = { client, probe: new LeaseProbe(client.connection, leasePath(this.o.nodeName)) };
+    }
+    return this.probe.probe;
   }
 
   /** Runs rounds for `cfg` until `signal` aborts; never rejects. */
@@ -83,7 +110,11 @@ export class CheckLoop {
           );
         statusFailing = true;
       }
-      await sleep(Math.max(0, this.o.timings.checkIntervalMs - (now() - started)), signal);
+      const due = started + this.o.timings.checkIntervalMs;
+      // Right after a pet tick due just before, if there is one (one wakeup for both).
+      const aligned = this.o.ticks?.tickBefore(due, alignSlackMs(this.o.timings));
+      if (aligned) await aligned;
+      else await sleep(Math.max(0, due - now()), signal);
     }
   }
 
@@ -102,15 +133,16 @@ export class CheckLoop {
     o.nodes.follow(client, cfg.nodeGroup);
     await o.endpoint.ensure();
     this.inFlightSince = o.now();
-    const api = await checkApi(client, o.nodeName, o.timings.apiTimeoutMs, o.now).finally(() => {
+    const api = await checkApi(this.probeFor(client), o.timings.apiTimeoutMs, o.now).finally(() => {
       this.inFlightSince = undefined;
     });
     if (signal.aborted) return;
     o.state.set(checked(o.state.get(), api));
     o.metrics.checks.inc({ result: api.result });
-    const peers = o.nodes.peers();
+    // The peers matter only when the API did not answer (the common round skips the list).
+    const peers = api.reached ? [] : o.nodes.peers();
     let answers: PeerAnswer[] | undefined;
-    if (!api.reached && peers.length) {
+    if (peers.length) {
       answers = await o.asker.ask(peers);
       for (const a of answers) o.metrics.peerAnswers.inc({ outcome: a.outcome });
     }
@@ -148,7 +180,7 @@ export class CheckLoop {
         ? "stopped petting: the kubelet stopped renewing its Lease and the cluster will free this node's pods; the watchdog fires unless the kubelet recovers"
         : "stopped petting: this node is not part of the cluster; the watchdog fires unless it recovers",
     );
-    await this.o.writeStatus();
+    await this.o.writeStatus({ force: true });
   }
 
   /** One line when the verdict changes, and on every bad one, with its evidence. */

@@ -10,17 +10,26 @@ import type { FencingConfig } from "./fencing.ts";
 
 type NodeGroupContext = NodeGroupBundle["context"]["nodeGroup"];
 
+/**
+ * The last bundle read, by checksum: a bundle file is named by its checksum and never changes,
+ * so the once-a-minute poll (and each job's) reads the small status file and parses the bundle,
+ * which may be megabytes, only when a converge applied another one.
+ */
+let lastRead: { root: string; checksum: string; nodeGroup: NodeGroupContext | undefined } | undefined;
+
 /** The node group part of the last applied bundle's context, or undefined before any. */
 export async function appliedNodeGroup(root: string): Promise<NodeGroupContext | undefined> {
   const status = JSON.parse(await readFile(path.join(root, PATHS.status), "utf8").catch(() => "{}")) as {
     appliedChecksum?: string;
   };
-  if (!status.appliedChecksum || !/^[0-9a-f]{64}$/.test(status.appliedChecksum)) return undefined;
-  const raw = await readFile(path.join(root, PATHS.bundles, `${status.appliedChecksum}.json`), "utf8").catch(
-    () => undefined,
-  );
+  const checksum = status.appliedChecksum;
+  if (!checksum || !/^[0-9a-f]{64}$/.test(checksum)) return undefined;
+  if (lastRead?.root === root && lastRead.checksum === checksum) return lastRead.nodeGroup;
+  const raw = await readFile(path.join(root, PATHS.bundles, `${checksum}.json`), "utf8").catch(() => undefined);
   if (!raw) return undefined;
-  return (JSON.parse(raw) as NodeGroupBundle).context?.nodeGroup;
+  const nodeGroup = (JSON.parse(raw) as NodeGroupBundle).context?.nodeGroup;
+  lastRead = { root, checksum, nodeGroup };
+  return nodeGroup;
 }
 
 export function fencingConfigOf(ng: NodeGroupContext | undefined): FencingConfig | undefined {

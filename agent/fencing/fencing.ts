@@ -26,18 +26,21 @@ import {
   detectionWindowMs,
   formatAgentTimingsAnnotation,
   kubeletWindowMs,
+  roundMs,
 } from "../../bundles/fencing.ts";
 import { readBootId } from "../facts.ts";
 import { CheckLoop, UNLABEL_DEADLINE_MS } from "./check-loop.ts";
 import { type Clock, systemClock } from "./clock.ts";
 import { type FencingState, initialState, petAllowed, resumed, rulesOf, starting, stopped } from "./decision.ts";
 import { FencingDevice } from "./device.ts";
-import { fencingMetrics } from "./metrics.ts";
+import { type FencingMetrics, fencingMetrics, fencingMetricsText } from "./metrics.ts";
 import { NodeFollower } from "./node-follower.ts";
 import { NodeLabels } from "./node-labels.ts";
 import { PeerAsker } from "./peer-asker.ts";
 import { PeerEndpoint } from "./peer-endpoint.ts";
+import { peerLimits } from "./peer-limits.ts";
 import type { PeerTls } from "./peers.ts";
+import { ServingCertificate } from "./serving-cert.ts";
 import { PetTimer } from "./pet-timer.ts";
 import { continuationOf, type FencingStatus, iso, readSavedStatus, writeStatusFiles } from "./status-file.ts";
 
@@ -72,15 +75,27 @@ export interface FencingOptions {
   fenceWithoutPeers?: boolean;
   /** Most peers asked in one round. */
   maxPeers?: number;
+  /** A Node of the group younger than this is not asked yet (default 600 s; peer-admission.ts). */
+  peerMinAgeMs?: number;
   /** Wall clock for decisions, certificates and status (tests); timers stay real. */
   clock?: Clock;
 }
+
+/**
+ * A Node must have been in the group this long before it is asked: long enough that fake
+ * members sit in the cluster, visible, before they count; a real node is asked from then on.
+ */
+export const DEFAULT_PEER_MIN_AGE_MS = 600_000;
+
+/** The status file's heartbeat when nothing in it changed. */
+const STATUS_HEARTBEAT_MS = 30_000;
 
 export class Fencing {
   private readonly o: FencingOptions;
   private readonly log: Logger;
   private readonly t: AgentTimings;
   private readonly now: Clock;
+  private readonly metrics: FencingMetrics;
   private readonly device: FencingDevice;
   private readonly nodes: NodeFollower;
   private readonly labels: NodeLabels;
@@ -94,6 +109,10 @@ export class Fencing {
   private chain: Promise<void> = Promise.resolve();
   private running: { abort: AbortController; loop: Promise<void> } | undefined;
   private bootId = "";
+  /** The status last written: what it said (statusKey) and when. */
+  private written = { key: "", at: Number.NEGATIVE_INFINITY };
+  /** The status is rewritten at least this often (writeStatus). */
+  private readonly statusEveryMs: number;
 
   constructor(o: FencingOptions) {
     this.o = o;
@@ -101,7 +120,11 @@ export class Fencing {
     const t = { ...DEFAULT_AGENT_TIMINGS, ...o.timings };
     this.t = t;
     this.now = o.clock ?? systemClock;
+    // Well inside the watchdog timeout (a restarted agent takes the kubelet facts over while the
+    // file is younger than that), and within a detection window for compressed timings.
+    this.statusEveryMs = Math.min(STATUS_HEARTBEAT_MS, detectionWindowMs(t));
     const metrics = fencingMetrics(o.metrics);
+    this.metrics = metrics;
     const base = { now: this.now, log: this.log, metrics };
     this.state = initialState(
       // A kubelet Lease renewed before this boot started is the previous boot's.
@@ -114,7 +137,13 @@ export class Fencing {
       timeoutLimitSeconds: o.watchdogTimeoutSeconds,
     });
     this.pets = new PetTimer({ ...base, device: this.device, state: () => this.state, intervalMs: t.petIntervalMs });
-    this.nodes = new NodeFollower({ nodeName: o.nodeName, log: this.log });
+    this.nodes = new NodeFollower({
+      nodeName: o.nodeName,
+      log: this.log,
+      now: this.now,
+      minAgeMs: o.peerMinAgeMs ?? DEFAULT_PEER_MIN_AGE_MS,
+    });
+    const serving = new ServingCertificate({ root: o.root, nodeName: o.nodeName, log: this.log, now: this.now });
     this.labels = new NodeLabels({
       nodeName: o.nodeName,
       follower: this.nodes,
@@ -133,6 +162,9 @@ export class Fencing {
       ...base,
       nodeName: o.nodeName,
       tls: o.peerTls,
+      serving: () => serving.current(),
+      limits: peerLimits({ peerTimeoutMs: t.peerTimeoutMs, roundMs: roundMs(t) }),
+      isNodeAddress: (ip) => this.nodes.isNodeAddress(ip),
       host: o.peerAddress,
       port: o.listenPort ?? peerPort,
       allowed: (node) => this.nodes.allows(node),
@@ -160,7 +192,8 @@ export class Fencing {
       endpoint: this.endpoint,
       asker: this.asker,
       state: { get: () => this.state, set: (s) => (this.state = s) },
-      writeStatus: () => this.writeStatus(),
+      ticks: this.pets,
+      writeStatus: (w) => this.writeStatus(w),
     });
   }
 
@@ -172,7 +205,7 @@ export class Fencing {
       if (cfg?.nodeGroup !== this.cfg?.nodeGroup) this.nodes.reset();
       this.cfg = cfg;
       if (cfg) await this.startup(cfg);
-      else await this.writeStatus();
+      else await this.writeStatus({ force: true });
     });
   }
 
@@ -203,6 +236,7 @@ export class Fencing {
       lastCheck: s.lastCheck,
       peersKnown: peers.length,
       peers,
+      peersWaiting: this.nodes.waiting(),
       lastPeers: this.checks.lastPeers,
       verdict: s.verdict ? { ...s.verdict, at: iso(s.verdict.at) ?? "" } : undefined,
       badRounds: s.badRounds,
@@ -234,7 +268,7 @@ export class Fencing {
       watchdogMs: (this.o.watchdogTimeoutSeconds ?? DEFAULT_WATCHDOG_TIMEOUT_SECONDS) * 1000,
       recentMs: detectionWindowMs(this.t) + this.t.checkIntervalMs,
     });
-    this.nodes.seed(c.peers);
+    this.nodes.seed(c.peers, cfg.nodeGroup);
     this.state = resumed(this.state, c.previous, c.kubelet);
     if (c.previous?.fencing)
       this.log.warn(
@@ -284,13 +318,53 @@ export class Fencing {
       this.device.close(why, fenceInProgress);
     }
     this.nodes.stop();
+    this.checks.close();
     await this.endpoint.stop();
     this.asker.close();
     this.state = stopped(this.state, fenceInProgress);
-    await this.writeStatus();
+    await this.writeStatus({ force: true });
   }
 
-  private writeStatus(): Promise<void> {
-    return writeStatusFiles(this.o.root, this.status(), this.o.metrics.text());
+  /**
+   * The status and metrics files, rewritten when something a person or a restarted agent reads
+   * in them changed (the verdict, the count of bad rounds, arming, the label, what the kubelet
+   * rule learnt, the peers), and otherwise every `statusEveryMs`, not on every check: writing
+   * two files each round was a third of fencing's idle CPU. A fence in progress and the count
+   * of bad rounds change every bad round, so what a restart takes over is always current; the
+   * kubelet facts are taken over while younger than the watchdog timeout, which the heartbeat
+   * is well inside.
+   */
+  private writeStatus(o: { force?: boolean } = {}): Promise<void> {
+    const now = this.now();
+    const key = this.statusKey(now);
+    if (!o.force && key === this.written.key && now - this.written.at < this.statusEveryMs) return Promise.resolve();
+    this.written = { key, at: now };
+    return writeStatusFiles(this.o.root, this.status(), fencingMetricsText(this.metrics)).catch((err) => {
+      this.written = { key: "", at: Number.NEGATIVE_INFINITY }; // try again next round
+      throw err;
+    });
+  }
+
+  /** What, changed, makes the status worth writing before the heartbeat. */
+  private statusKey(now: number): string {
+    const s = this.state;
+    const d = this.device;
+    return [
+      this.cfg?.mode,
+      this.cfg?.nodeGroup,
+      d.isOpen,
+      d.isOpen && petAllowed(s, now).ok,
+      d.problem,
+      s.fencing,
+      s.badRounds,
+      s.verdict?.kind,
+      s.verdict?.healthy,
+      s.lastCheck?.result,
+      s.kubelet.seenAlive,
+      s.kubelet.apiReachableSince,
+      this.checks.maintenance,
+      this.labels.labelled,
+      this.nodes.version,
+    ].join("|");
   }
 }

@@ -2,10 +2,14 @@
 // the failure sorted into the kinds lib/kube/errors.ts knows. The request is a GET of this
 // node's own kubelet Lease: a few hundred bytes, authorized for the node by the Node authorizer,
 // and it tells how long ago the kubelet last renewed, which is what the cluster side fences on.
-import type { KubeClient } from "../../lib/kube/client.ts";
-import { getLease } from "../../lib/kube/api.ts";
+// It goes out on the check's own connection (lease-probe.ts).
 import { KubeError, KubeStatusError } from "../../lib/kube/errors.ts";
 import type { Clock } from "./clock.ts";
+import { jsonOf, type LeaseProbe } from "./lease-probe.ts";
+
+/** The request path of a node's kubelet Lease. */
+export const leasePath = (nodeName: string) =>
+  `/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/${encodeURIComponent(nodeName)}`;
 
 export type ApiResult =
   /** A 2xx answer. */
@@ -61,17 +65,13 @@ export function classify(err: unknown): { result: ApiResult; detail: string } {
   return { result: "network", detail: (err as Error)?.message ?? String(err) };
 }
 
-export async function checkApi(
-  client: KubeClient | undefined,
-  nodeName: string,
-  timeoutMs: number,
-  now: Clock,
-): Promise<ApiCheck> {
+/** `probe`: the node's Lease on the current credentials (undefined: there are none). */
+export async function checkApi(probe: LeaseProbe | undefined, timeoutMs: number, now: Clock): Promise<ApiCheck> {
   const at = now();
-  if (!client) return { result: "no-client", reached: false, at, durationMs: 0, detail: "no cluster credentials" };
+  if (!probe) return { result: "no-client", reached: false, at, durationMs: 0, detail: "no cluster credentials" };
   try {
-    const lease = await getLease(client, "kube-node-lease", nodeName, { timeoutMs });
-    const renewTime = (lease.spec as { renewTime?: string } | undefined)?.renewTime;
+    const lease = jsonOf<{ spec?: { renewTime?: string } }>(await probe.get(timeoutMs), probe.url);
+    const renewTime = lease.spec?.renewTime;
     const renew = renewTime ? Date.parse(renewTime) : Number.NaN;
     const done = now();
     return {

@@ -12,6 +12,7 @@ export interface FencingMetrics {
   checks: Counter;
   verdicts: Counter;
   peerAnswers: Counter;
+  peerRefused: Counter;
   badRounds: Gauge;
 }
 
@@ -30,9 +31,20 @@ export function fencingMetrics(r: Registry): FencingMetrics {
     checks: r.counter("bashible_fencing_api_checks_total", "API reachability checks by result"),
     verdicts: r.counter("bashible_fencing_verdicts_total", "Health verdicts by kind"),
     peerAnswers: r.counter("bashible_fencing_peer_answers_total", "Peer answers by outcome"),
+    peerRefused: r.counter(
+      "bashible_fencing_peer_connections_refused_total",
+      "Connections to the peer port closed at once by its limits, by limit",
+    ),
     badRounds: r.gauge(
       "bashible_fencing_bad_rounds",
       "Consecutive bad verdicts (petting stops at the configured count)",
     ),
   };
+}
+
+/** fencing.prom: fencing's own series (the resident registry also holds converge's and early OOM's). */
+export function fencingMetricsText(m: FencingMetrics): string {
+  return Object.values(m)
+    .map((metric: Counter | Gauge | Histogram) => metric.text())
+    .join("");
 }

@@ -1,6 +1,7 @@
 // The node follower: the Nodes of this node's group, as fencing reads them (labels, annotations,
-// an address), kept through an outage. It gives the peers to ask (the group's other fencing
-// nodes), the askers the peer endpoint lets in, and this node's own annotations (maintenance).
+// addresses, age), kept through an outage. It gives the peers to ask (the group's other fencing
+// nodes the cluster admitted, peer-admission.ts), the askers the peer endpoint lets in, the
+// addresses whose connections have the peers' pool, and this node's own annotations (maintenance).
 // The list is watched (lib/informer.ts) and re-opened when the API client changes; the last list
 // stays meanwhile, and a restarted agent starts from the peers its predecessor saved.
 import type { KubeClient } from "../../lib/kube/client.ts";
@@ -8,61 +9,109 @@ import { getNode, type KubeObject } from "../../lib/kube/api.ts";
 import { Informer } from "../../lib/informer.ts";
 import type { Logger } from "../../lib/log/log.ts";
 import { NODE_KEYS } from "../../bundles/names.ts";
+import type { Clock } from "./clock.ts";
+import { admission, type NodeView } from "./peer-admission.ts";
+import { canonicalIp } from "./peer-identity.ts";
 import type { Peer } from "./peers.ts";
 
-export interface NodeView {
-  name: string;
-  labels: Record<string, string>;
-  annotations: Record<string, string>;
-  address?: string | undefined;
-}
+export type { NodeView } from "./peer-admission.ts";
 
 export function nodeView(o: KubeObject): NodeView {
-  const addresses = ((o.status as { addresses?: { type: string; address: string }[] } | undefined)?.addresses ??
-    []) as { type: string; address: string }[];
+  const reported = ((o.status as { addresses?: { type: string; address: string }[] } | undefined)?.addresses ?? []) as {
+    type: string;
+    address: string;
+  }[];
+  const ip = (type: string) =>
+    reported.map((a) => (a.type === type ? canonicalIp(a.address) : undefined)).find((a) => a !== undefined);
+  const addresses = reported.map((a) => canonicalIp(a.address)).filter((a): a is string => a !== undefined);
+  const created = Date.parse(String(o.metadata.creationTimestamp ?? ""));
   return {
     name: o.metadata.name,
     labels: o.metadata.labels ?? {},
     annotations: o.metadata.annotations ?? {},
-    address: addresses.find((a) => a.type === "InternalIP")?.address ?? addresses[0]?.address,
+    address: ip("InternalIP") ?? ip("ExternalIP"),
+    addresses,
+    ...(Number.isFinite(created) ? { createdAt: created } : {}),
+    ...(o.metadata.deletionTimestamp ? { deleting: true } : {}),
   };
 }
+
+/** What of a Node the peer list and the peer pool depend on. */
+const peerKey = (n: NodeView) =>
+  [
+    n.address,
+    n.addresses?.join(","),
+    n.labels[NODE_KEYS.group],
+    n.labels[NODE_KEYS.fencingEnabled] !== undefined,
+    n.createdAt,
+    n.deleting,
+  ].join("|");
 
 export class NodeFollower {
   private readonly nodeName: string;
   private readonly log: Logger;
+  private readonly now: Clock;
+  private readonly minAgeMs: number;
+  private group = "";
   private informer: Informer | undefined;
   private informerClient: KubeClient | undefined;
   /** The last Node list seen (kept while the informer re-lists or the API is down). */
   private nodes = new Map<string, NodeView>();
+  /** Every address the group's Nodes report, recomputed when the list changed. */
+  private addressSet: Set<string> | undefined;
 
-  constructor(o: { nodeName: string; log: Logger }) {
+  /** `minAgeMs`: a Node younger than this is not asked yet (peer-admission.ts). */
+  constructor(o: { nodeName: string; log: Logger; now: Clock; minAgeMs: number }) {
     this.nodeName = o.nodeName;
     this.log = o.log;
+    this.now = o.now;
+    this.minAgeMs = o.minAgeMs;
   }
 
   /** Forgets the list (the node moved to another group). */
   reset(): void {
-    this.nodes = new Map();
+    this.setNodes(new Map());
+  }
+
+  /** Bumped on every change of the list (the status is rewritten when it moves). */
+  version = 0;
+
+  private setNodes(nodes: Map<string, NodeView>): void {
+    this.nodes = nodes;
+    this.changed();
+  }
+
+  private changed(): void {
+    this.addressSet = undefined;
+    this.version++;
   }
 
   /**
    * The peers the previous agent saw, until the API gives a new list: a restart while the API is
    * out of reach must still have peers to ask (with none, a node would be kept as a lone node).
    */
-  seed(peers: Peer[]): void {
+  seed(peers: Peer[], group: string): void {
     if (this.nodes.size > 0) return;
-    for (const p of peers)
+    this.group = group;
+    const address = (p: Peer) => canonicalIp(String(p.address));
+    for (const p of peers) {
+      const created = Date.parse(p.createdAt ?? "");
       this.nodes.set(p.name, {
         name: p.name,
-        address: p.address,
-        labels: { [NODE_KEYS.fencingEnabled]: "" },
+        address: address(p),
+        addresses: [address(p)].filter((a): a is string => a !== undefined),
+        labels: { [NODE_KEYS.fencingEnabled]: "", [NODE_KEYS.group]: group },
         annotations: {},
+        // A peer saved without its age (an older agent's file) is not admitted until the list comes.
+        ...(Number.isFinite(created) ? { createdAt: created } : {}),
       });
+    }
+    this.changed();
   }
 
   /** Keeps a Node list of the group, re-opened when the client changes. */
   follow(client: KubeClient | undefined, group: string): void {
+    this.group = group;
     if (!client || client === this.informerClient) return;
     this.informer?.stop();
     this.informerClient = client;
@@ -73,14 +122,31 @@ export class NodeFollower {
       log: this.log,
       // Only what fencing reads: no managedFields, images or conditions in the resident process.
       trim: (o) => ({
-        metadata: { name: o.metadata.name, labels: o.metadata.labels, annotations: o.metadata.annotations },
+        metadata: {
+          name: o.metadata.name,
+          labels: o.metadata.labels,
+          annotations: o.metadata.annotations,
+          creationTimestamp: o.metadata.creationTimestamp,
+          deletionTimestamp: o.metadata.deletionTimestamp,
+        },
         status: { addresses: (o.status as { addresses?: unknown })?.addresses },
       }),
       onEvent: (ev) => {
         if (ev.type === "SYNC") {
-          this.nodes = new Map([...informer.objects.values()].map((o) => [o.metadata.name, nodeView(o)]));
-        } else if (ev.type === "DELETED") this.nodes.delete(ev.object.metadata.name);
-        else this.nodes.set(ev.object.metadata.name, nodeView(ev.object));
+          this.setNodes(new Map([...informer.objects.values()].map((o) => [o.metadata.name, nodeView(o)])));
+          return;
+        }
+        const name = ev.object.metadata.name;
+        const before = this.nodes.get(name);
+        if (ev.type === "DELETED") {
+          this.nodes.delete(name);
+          this.changed();
+          return;
+        }
+        const view = nodeView(ev.object);
+        this.nodes.set(name, view);
+        // Most Node updates are a kubelet's status report: nothing fencing reads changes.
+        if (!before || peerKey(before) !== peerKey(view)) this.changed();
       },
     });
     this.informer = informer;
@@ -105,7 +171,10 @@ export class NodeFollower {
 
   /** A Node object this agent just read or patched, newer than the list. */
   saw(node: KubeObject): void {
-    this.nodes.set(node.metadata.name, nodeView(node));
+    const before = this.nodes.get(node.metadata.name);
+    const view = nodeView(node);
+    this.nodes.set(node.metadata.name, view);
+    if (!before || peerKey(before) !== peerKey(view)) this.changed();
   }
 
   /** Whether `node` may ask this node's peer endpoint (anyone, before any list). */
@@ -113,13 +182,39 @@ export class NodeFollower {
     return this.nodes.size === 0 || this.nodes.has(node);
   }
 
-  /** Agents of the group that run fencing, with an address to ask. */
+  /** Whether a Node of the group reports this address (canonical IP). */
+  isNodeAddress(ip: string): boolean {
+    if (!this.addressSet) {
+      this.addressSet = new Set();
+      for (const n of this.nodes.values()) for (const a of n.addresses ?? []) this.addressSet.add(a);
+    }
+    return this.addressSet.has(ip);
+  }
+
+  /** The group's other fencing nodes the cluster admitted (peer-admission.ts): the peers to ask. */
   peers(): Peer[] {
     const out: Peer[] = [];
-    for (const n of this.nodes.values())
-      if (n.name !== this.nodeName && n.address && n.labels[NODE_KEYS.fencingEnabled] !== undefined)
-        out.push({ name: n.name, address: n.address });
+    const now = this.now();
+    for (const n of this.nodes.values()) {
+      const a = admission(n, this.rules(), now);
+      if (a?.admitted) out.push(a.peer);
+    }
     return out;
+  }
+
+  /** Fencing nodes of the group not asked yet, and why (for the status). */
+  waiting(): { name: string; why: string }[] {
+    const out: { name: string; why: string }[] = [];
+    const now = this.now();
+    for (const n of this.nodes.values()) {
+      const a = admission(n, this.rules(), now);
+      if (a && !a.admitted) out.push({ name: n.name, why: a.why });
+    }
+    return out;
+  }
+
+  private rules() {
+    return { self: this.nodeName, group: this.group, minAgeMs: this.minAgeMs };
   }
 
   /**

@@ -16,6 +16,7 @@ export const FENCING_OPTIONS: OptionSpec = {
   "fencing-listen-port": { type: "string" },
   "fencing-timings": { type: "string" },
   "fencing-without-peers": { type: "boolean" },
+  "fencing-peer-min-age": { type: "string" },
 };
 
 const d = DEFAULT_AGENT_TIMINGS;
@@ -34,7 +35,10 @@ export const FENCING_HELP = `Fencing (when the node group has spec.fencing.mode 
                               kubelet window = kubelet + rounds x max(check, api) = ${(kubeletWindowMs(d) ?? 0) / 1000} s,
                               which the threshold must exceed the same way; kubelet=0: off)
       --fencing-without-peers in a group with no other fencing node, stop petting when the
-                              API is lost (default: keep the node)`;
+                              API is lost (default: keep the node)
+      --fencing-peer-min-age S
+                              a Node of the group counts as a peer once it is S seconds old
+                              (default 600: fake members must sit in the cluster that long)`;
 
 const KEYS: Record<string, keyof AgentTimings> = {
   pet: "petIntervalMs",
@@ -80,7 +84,15 @@ export function fencingSettings(values: ParsedValues) {
     peerAddress: values["fencing-address"] as string | undefined,
     timings: parseTimings(values["fencing-timings"] as string | undefined),
     fenceWithoutPeers: values["fencing-without-peers"] === true,
+    peerMinAgeMs: seconds(values["fencing-peer-min-age"], "fencing-peer-min-age"),
   };
+}
+
+function seconds(v: unknown, flag: string): number | undefined {
+  if (v === undefined) return undefined;
+  const n = Number(v);
+  if (!Number.isFinite(n) || n < 0) throw new UsageError(`--${flag} '${v}' is not a number of seconds`);
+  return Math.round(n * 1000);
 }
 
 /** TLS for the peer endpoint from a client's credentials: the kubelet's certificate and the cluster CA. */
@@ -133,6 +145,7 @@ export function startFencing(o: {
             peerAddress: s.peerAddress,
             timings: s.timings,
             fenceWithoutPeers: s.fenceWithoutPeers,
+            ...(s.peerMinAgeMs === undefined ? {} : { peerMinAgeMs: s.peerMinAgeMs }),
           });
         }
         await fencing.configure(cfg);

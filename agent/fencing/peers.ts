@@ -1,19 +1,28 @@
-// Asking the agents of the other nodes of the group whether *they* reach the API, over mutual
-// TLS with the nodes' own kubelet client certificates (CN=system:node:<name>, issued by the
-// cluster CA). Those certificates carry the clientAuth usage only, so OpenSSL's chain check
-// would refuse them as server certificates; both sides therefore skip the library's check and
-// verify the peer themselves: issued and signed by the cluster CA, valid now, and the subject
-// is system:node:<the node we meant to talk to> (client side) or a node of this group (server
-// side). The TLS handshake proves the peer holds the certificate's key. No new PKI, nothing to
-// distribute: every node that can talk to the API already has what it needs.
-import { constants, X509Certificate } from "node:crypto";
+// The peer protocol: one agent asks another whether *it* reached the API in its last check,
+// over mutual TLS. The answerer shows its kubelet serving certificate and counts only if that
+// proves it is the Node asked, at the address asked; the asker shows its kubelet client
+// certificate and is let in when it is a Node of the group (peer-identity.ts has both checks,
+// done by hand: OpenSSL's own check would refuse the client certificates, which carry
+// clientAuth only, and would use another clock). The handshake proves each side holds its
+// certificate's key; session resumption is off, since a resumed session shows no certificate.
+// The port caps what it holds (peer-limits.ts). No new PKI, nothing to distribute: the kubelet
+// already has both certificates.
+import { constants, type X509Certificate } from "node:crypto";
 import https from "node:https";
 import type { IncomingMessage, ServerResponse } from "node:http";
+import net from "node:net";
 import type { TLSSocket } from "node:tls";
 import type { ApiResult } from "./health.ts";
 import { type Clock, systemClock } from "./clock.ts";
+import { askerIdentity, parseCAs, servingIdentityProblem } from "./peer-identity.ts";
+import { ConnectionGate, type PeerLimits } from "./peer-limits.ts";
+import type { ServingTls } from "./serving-cert.ts";
 
+export { parseCAs } from "./peer-identity.ts";
+
+/** This node's kubelet client certificate (what it asks with) and the cluster CA. */
 export interface PeerTls {
+  /** The kubelet client certificate and key. */
   cert: Buffer;
   key: Buffer;
   /** PEM of the cluster CA (one or more certificates). */
@@ -22,7 +31,10 @@ export interface PeerTls {
 
 export interface Peer {
   name: string;
+  /** The IP address it is asked at (its Node's InternalIP, else an ExternalIP). */
   address: string;
+  /** When its Node was created (ISO): a restarted agent admits the peers it takes over by the same rule. */
+  createdAt?: string;
 }
 
 /** What one agent tells another. */
@@ -41,7 +53,7 @@ export type PeerOutcome =
   /** Answered, but its own last check is too old to count. */
   | "stale"
   | "no-answer"
-  /** Answered with a certificate that is not the node we asked. */
+  /** Answered without proving it is the Node asked at the address asked. */
   | "bad-identity";
 
 export interface PeerAnswer {
@@ -52,46 +64,20 @@ export interface PeerAnswer {
 
 export const PEER_PATH = "/fencing/v1/api-reachability";
 
-const PEM_CERT = /-----BEGIN CERTIFICATE-----[\s\S]+?-----END CERTIFICATE-----/g;
-
-const parsed = new WeakMap<Buffer, X509Certificate[]>();
-
-/** The CA certificates in a PEM bundle (parsed once per buffer). */
-export function parseCAs(pem: Buffer): X509Certificate[] {
-  let cas = parsed.get(pem);
-  if (!cas) {
-    cas = (pem.toString("utf8").match(PEM_CERT) ?? []).map((c) => new X509Certificate(c));
-    parsed.set(pem, cas);
-  }
-  return cas;
-}
-
-/** The node name a certificate proves, or why it proves none. */
-export function nodeOfCertificate(
-  cert: X509Certificate | undefined,
-  cas: X509Certificate[],
-  nowMs: number,
-): { node: string } | { error: string } {
-  if (!cert) return { error: "no certificate presented" };
-  const issuer = cas.find((ca) => cert.checkIssued(ca) && cert.verify(ca.publicKey));
-  if (!issuer) return { error: `certificate of ${cert.subject.replace(/\n/g, ",")} is not signed by the cluster CA` };
-  if (Date.parse(cert.validFrom) > nowMs || Date.parse(cert.validTo) < nowMs)
-    return { error: `certificate not valid now (valid ${cert.validFrom} to ${cert.validTo})` };
-  const cn = /^CN=(.*)$/m.exec(cert.subject)?.[1];
-  const orgs = [...cert.subject.matchAll(/^O=(.*)$/gm)].map((m) => m[1]);
-  if (!cn?.startsWith("system:node:") || !orgs.includes("system:nodes"))
-    return {
-      error: `certificate subject ${cert.subject.replace(/\n/g, ",")} is not a node (system:node:<name>, O=system:nodes)`,
-    };
-  return { node: cn.slice("system:node:".length) };
-}
-
 export interface PeerServerOptions {
   host: string;
   port: number;
-  tls: PeerTls;
+  /** This node's kubelet serving certificate: what proves the answer is this Node's. */
+  serving: ServingTls;
+  /** The cluster CA, which askers' certificates must be signed by. */
+  ca: Buffer;
   /** Nodes allowed to ask (the group's nodes from the last Node list). */
   allowed: (node: string) => boolean;
+  /** Addresses the group's Nodes report (their connections have their own pool). */
+  isNodeAddress: (ip: string) => boolean;
+  limits: PeerLimits;
+  /** A connection the limits closed at once. */
+  onRefused?: (limit: string) => void;
   /** This node's last API check, as a report. */
   report: () => PeerReport;
   onError?: (msg: string) => void;
@@ -101,75 +87,112 @@ export interface PeerServerOptions {
 
 export class PeerServer {
   private readonly o: PeerServerOptions;
-  private server: https.Server | undefined;
+  private listener: net.Server | undefined;
+  private tls: https.Server | undefined;
+  private gate: ConnectionGate;
   private cas: X509Certificate[];
+  private serving: ServingTls;
+  private ca: Buffer;
 
   constructor(o: PeerServerOptions) {
     this.o = o;
-    this.cas = parseCAs(o.tls.ca);
+    this.serving = o.serving;
+    this.ca = o.ca;
+    this.cas = parseCAs(o.ca);
+    this.gate = new ConnectionGate(o.limits, o.isNodeAddress, o.onRefused);
   }
 
   get port(): number {
-    const a = this.server?.address();
+    const a = this.listener?.address();
     return typeof a === "object" && a ? a.port : 0;
   }
 
+  /** Connections refused by the limits, by reason. */
+  get refused(): ConnectionGate["refused"] {
+    return this.gate.refused;
+  }
+
   async start(): Promise<void> {
-    const { cert, key } = this.o.tls;
-    const server = https.createServer(
+    // The listener is a plain TCP server: the gate decides before any TLS state exists, and
+    // the TLS server behind it is made when the first connection is let in (peers ask only
+    // while their API fails, so an idle node need not carry it).
+    const listener = net.createServer((sock) => {
+      if (this.gate.admit(sock)) this.tlsServer().emit("connection", sock);
+    });
+    await new Promise<void>((resolve, reject) => {
+      listener.once("error", reject);
+      listener.listen(this.o.port, this.o.host, () => {
+        listener.off("error", reject);
+        resolve();
+      });
+    });
+    listener.on("error", (err) => this.o.onError?.(`peer endpoint: ${err.message}`));
+    this.listener = listener;
+  }
+
+  private tlsServer(): https.Server {
+    if (this.tls) return this.tls;
+    const { limits } = this.o;
+    const tls = https.createServer(
       {
-        cert,
-        key,
+        cert: this.serving.cert,
+        key: this.serving.key,
         // The cluster CA is named in the certificate request; it also spares the context the
         // system's root store (several MB of parsed certificates in a resident process).
-        ca: this.o.tls.ca,
+        ca: this.ca,
         requestCert: true,
         rejectUnauthorized: false,
         minVersion: "TLSv1.2",
         // No session resumption: a resumed session presents no certificate to check.
         secureOptions: constants.SSL_OP_NO_TICKET,
+        handshakeTimeout: limits.firstRequestMs,
+        maxHeaderSize: limits.maxHeaderBytes,
       },
       (req, res) => this.handle(req, res),
     );
-    server.headersTimeout = 5000;
-    server.requestTimeout = 5000;
-    server.on("tlsClientError", () => undefined);
-    await new Promise<void>((resolve, reject) => {
-      server.once("error", reject);
-      server.listen(this.o.port, this.o.host, () => {
-        server.off("error", reject);
-        resolve();
-      });
-    });
-    server.on("error", (err) => this.o.onError?.(`peer endpoint: ${err.message}`));
-    this.server = server;
+    tls.keepAliveTimeout = limits.idleMs;
+    tls.on("tlsClientError", () => undefined);
+    this.tls = tls;
+    return tls;
   }
 
-  /** New certificate after a rotation: new connections use it. */
-  updateTls(tls: PeerTls): void {
-    this.cas = parseCAs(tls.ca);
-    this.server?.setSecureContext({ cert: tls.cert, key: tls.key, ca: tls.ca });
+  /** New certificates (a rotation): new connections use them. */
+  updateTls(serving: ServingTls, ca: Buffer): void {
+    this.cas = parseCAs(ca);
+    this.serving = serving;
+    this.ca = ca;
+    this.tls?.setSecureContext({ cert: serving.cert, key: serving.key, ca });
   }
 
   async stop(): Promise<void> {
-    const s = this.server;
-    this.server = undefined;
-    if (!s) return;
-    s.closeAllConnections();
-    await new Promise<void>((r) => s.close(() => r()));
+    const l = this.listener;
+    this.listener = undefined;
+    this.tls?.closeAllConnections();
+    this.gate.closeAll();
+    this.tls = undefined;
+    if (l) await new Promise<void>((r) => l.close(() => r()));
   }
 
   private handle(req: IncomingMessage, res: ServerResponse): void {
-    const reply = (status: number, body: unknown) => {
+    const sock = req.socket as TLSSocket;
+    this.gate.requested(sock);
+    res.once("finish", () => this.gate.answered(sock));
+    const reply = (status: number, body: unknown, close = false) => {
       const text = JSON.stringify(body);
-      res.writeHead(status, { "Content-Type": "application/json", "Content-Length": Buffer.byteLength(text) });
+      res.writeHead(status, {
+        "Content-Type": "application/json",
+        "Content-Length": Buffer.byteLength(text),
+        ...(close ? { Connection: "close" } : {}),
+      });
       res.end(text);
     };
-    const who = nodeOfCertificate(
-      (req.socket as TLSSocket).getPeerX509Certificate(),
-      this.cas,
-      (this.o.now ?? systemClock)(),
-    );
+    // A peer's request is a GET without a body; anything else is closed, unread.
+    const bodyLength = Number(req.headers["content-length"] ?? 0);
+    if (req.headers["transfer-encoding"] !== undefined || bodyLength !== 0) {
+      reply(413, { error: "a peer request has no body" }, true);
+      return;
+    }
+    const who = askerIdentity(sock.getPeerX509Certificate(), this.cas, (this.o.now ?? systemClock)());
     if ("error" in who) reply(401, { error: who.error });
     else if (!this.o.allowed(who.node)) reply(403, { error: `node ${who.node} is not a peer of this group` });
     else if (req.method !== "GET" || req.url !== PEER_PATH) reply(404, { error: "not found" });
@@ -204,10 +227,10 @@ export async function askPeer(peer: Peer, o: AskOptions): Promise<PeerAnswer> {
 }
 
 /**
- * The identity each connection proved in its handshake. A kept-alive socket is checked once,
- * when it connects: Node does not give the peer certificate again on a reused socket.
+ * The certificate each connection showed in its handshake, checked on every answer against the
+ * peer asked (Node does not give the peer certificate again on a reused socket).
  */
-const proven = new WeakMap<object, ReturnType<typeof nodeOfCertificate>>();
+const shown = new WeakMap<object, X509Certificate | undefined>();
 
 function askOnce(peer: Peer, o: AskOptions): Promise<PeerAnswer & { retry?: boolean }> {
   const cas = parseCAs(o.tls.ca);
@@ -237,25 +260,17 @@ function askOnce(peer: Peer, o: AskOptions): Promise<PeerAnswer & { retry?: bool
       o.timeoutMs,
     );
     req.once("socket", (sock) => {
-      if (proven.has(sock)) return;
-      sock.once("secureConnect", () =>
-        proven.set(
-          sock,
-          nodeOfCertificate((sock as TLSSocket).getPeerX509Certificate(), cas, (o.now ?? systemClock)()),
-        ),
-      );
+      if (shown.has(sock)) return;
+      sock.once("secureConnect", () => shown.set(sock, (sock as TLSSocket).getPeerX509Certificate()));
     });
     req.once("error", (err: NodeJS.ErrnoException) =>
       done({ outcome: "no-answer", detail: err.code ?? err.message, retry: req.reusedSocket }),
     );
     req.once("response", (res) => {
-      const who = proven.get(res.socket) ?? { error: "no certificate presented" };
-      if ("error" in who || who.node !== peer.name) {
+      const problem = servingIdentityProblem(shown.get(res.socket), cas, (o.now ?? systemClock)(), peer);
+      if (problem) {
         res.resume();
-        return done({
-          outcome: "bad-identity",
-          detail: "error" in who ? who.error : `answered as ${who.node}`,
-        });
+        return done({ outcome: "bad-identity", detail: problem });
       }
       let body = "";
       res.setEncoding("utf8");

@@ -1,8 +1,10 @@
 // The status file (/run/bashible/fencing.json) and the metrics beside it (fencing.prom): what
 // `bashible fencing status` shows a person on the node, and what a restarted agent continues
-// from. Written atomically (temporary file, then rename) on every check. /run is cleared by a
-// reboot; the boot id in the file guards against a file that outlived one all the same.
-import { mkdir, readFile, rename, writeFile } from "node:fs/promises";
+// from. Written atomically (temporary file, then rename) when what it says changes, and on a
+// heartbeat (Fencing.writeStatus). /run is cleared by a reboot; the boot id in the file guards
+// against a file that outlived one all the same.
+import { mkdirSync, renameSync, writeFileSync } from "node:fs";
+import { readFile } from "node:fs/promises";
 import path from "node:path";
 import { PATHS } from "../../bundles/paths.ts";
 import type { AgentTimings } from "../../bundles/fencing.ts";
@@ -35,6 +37,8 @@ export interface FencingStatus {
   peersKnown: number;
   /** The peers from the last Node list seen, kept for a restart while the API is out of reach. */
   peers: Peer[];
+  /** Fencing nodes of the group that are not asked (yet), and why. */
+  peersWaiting?: { name: string; why: string }[];
   lastPeers?: PeerAnswer[];
   verdict?: Verdict & { at: string };
   badRounds: number;
@@ -53,15 +57,30 @@ export interface FencingStatus {
 
 export const iso = (ms: number | undefined) => (ms === undefined ? undefined : new Date(ms).toISOString());
 
+/**
+ * Written atomically: a temporary file renamed over the old one. Synchronously: two files of a
+ * few kB in /run (tmpfs) take tens of microseconds, where eight thread-pool round trips cost
+ * the idle agent more than the writes themselves.
+ */
+function replace(file: string, text: string): void {
+  const tmp = `${file}.${process.pid}.tmp`;
+  writeFileSync(tmp, text, { mode: 0o644 });
+  renameSync(tmp, file);
+}
+
 export async function writeStatusFiles(root: string, status: FencingStatus, metricsText: string): Promise<void> {
   const file = path.join(root, PATHS.fencingStatus);
-  await mkdir(path.dirname(file), { recursive: true });
-  const tmp = `${file}.${process.pid}.tmp`;
-  await writeFile(tmp, `${JSON.stringify(status)}\n`, { mode: 0o644 });
-  await rename(tmp, file);
-  const prom = path.join(root, PATHS.fencingMetrics);
-  await writeFile(`${prom}.${process.pid}.tmp`, metricsText, { mode: 0o644 });
-  await rename(`${prom}.${process.pid}.tmp`, prom);
+  const text = `${JSON.stringify(status)}\n`;
+  try {
+    replace(file, text);
+  } catch (err) {
+    // The directory is made on the first write (or again after someone removed it), not before
+    // every write: /run/bashible is there all the time after that.
+    if ((err as NodeJS.ErrnoException).code !== "ENOENT") throw err;
+    mkdirSync(path.dirname(file), { recursive: true });
+    replace(file, text);
+  }
+  replace(path.join(root, PATHS.fencingMetrics), metricsText);
 }
 
 /**

@@ -14,11 +14,17 @@ export class TcpProxy {
   private mode: ProxyMode = "pass";
   private readonly dropped = new Set<string>();
   private readonly live = new Set<net.Socket>();
+  private readonly keepSource: boolean;
 
-  constructor(o: { host: string; port?: number; target: { host: string; port: number } }) {
+  /**
+   * `keepSource`: connect upstream from the client's own address (loopback addresses are all
+   * local), so the target sees who connected, as it would without the relay.
+   */
+  constructor(o: { host: string; port?: number; target: { host: string; port: number }; keepSource?: boolean }) {
     this.host = o.host;
     this.listenPort = o.port ?? 0;
     this.target = o.target;
+    this.keepSource = o.keepSource ?? false;
   }
 
   get port(): number {
@@ -41,7 +47,11 @@ export class TcpProxy {
     client.once("close", () => this.live.delete(client));
     client.on("error", () => undefined);
     if (this.mode === "blackhole" || this.dropped.has(client.remoteAddress ?? "")) return; // held, never answered
-    const upstream = net.connect(this.target.port, this.target.host);
+    const upstream = net.connect({
+      port: this.target.port,
+      host: this.target.host,
+      ...(this.keepSource && client.remoteAddress ? { localAddress: client.remoteAddress } : {}),
+    });
     this.live.add(upstream);
     upstream.once("close", () => {
       this.live.delete(upstream);
