@@ -8,6 +8,8 @@ import { whileLeading, type Leadership, type LeaseTiming } from "../leadership.t
 import { UpdateController, type UpdateControllerOptions } from "./controller.ts";
 import { InitializedController } from "./initialized.ts";
 import { KubeletServingApprover } from "./kubelet-serving.ts";
+import { CONTROLLER_METRICS, type ControllerMetrics } from "./metrics.ts";
+import { OperatorControllers } from "./operator-controllers.ts";
 
 export interface RunControllersOptions extends LeaseTiming {
   client: KubeClient;
@@ -15,6 +17,8 @@ export interface RunControllersOptions extends LeaseTiming {
   namespace: string;
   identity?: string;
   controller?: Omit<UpdateControllerOptions, "client" | "log" | "namespace">;
+  /** Where the controllers' metrics go; default the process's (the server's /metrics). */
+  metrics?: ControllerMetrics;
 }
 
 export function runControllers(o: RunControllersOptions): Leadership {
@@ -31,24 +35,37 @@ export function runControllers(o: RunControllersOptions): Leadership {
     (signal) => {
       // One watch of the managed Nodes for both: the approver reads the addresses trimNode keeps.
       let serving: KubeletServingApprover | undefined;
+      let ops: OperatorControllers | undefined;
       const c = new UpdateController({
         ...o.controller,
         client: o.client,
         log: o.log,
         namespace: o.namespace,
         onNodeEvent: (ev) => serving?.onNodeEvent(ev),
+        onGroupEvent: (ev) => ops?.onGroupEvent(ev),
+        onChecksumsEvent: () => ops?.onChecksums(),
+        onDrainDone: (_node, group, result) => ops?.onDrainDone(group, result),
+      });
+      // nodeTemplate, Instances and the Deckhouse-named metrics, from the same caches.
+      ops = new OperatorControllers({
+        client: o.client,
+        log: o.log,
+        update: c,
+        metrics: o.metrics ?? CONTROLLER_METRICS,
       });
       const init = new InitializedController({ client: o.client, log: o.log });
       serving = new KubeletServingApprover({ client: o.client, log: o.log, nodes: c.nodes });
       c.start();
       init.start();
       serving.start();
+      ops.start();
       signal.addEventListener(
         "abort",
         () => {
           c.stop();
           init.stop();
           serving.stop();
+          ops?.stop();
         },
         { once: true },
       );
