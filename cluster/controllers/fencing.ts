@@ -140,7 +140,8 @@ export class FencingController {
     const config: Samples[string] = [];
     for (const node of this.nodes.objects.values()) {
       const name = node.metadata.name;
-      if (!this.leases.objects.has(name)) invalid.push({ labels: { node: name, reason: "LeaseNotFound" }, value: 1 });
+      // `seen` is keyed by Lease name (the informer's own keys carry the namespace).
+      if (!this.seen.has(name)) invalid.push({ labels: { node: name, reason: "LeaseNotFound" }, value: 1 });
       const own = parseAgentTimingsAnnotation(node.metadata.annotations?.[NODE_KEYS.fencingTimings]);
       if (own && unsafeTimings({ ...this.timings, ...own, kubeletWindowSeconds: own.kubeletWindowSeconds }))
         config.push({ labels: { node: name, profile: "agent-timings" }, value: 1 });

@@ -161,16 +161,14 @@ t.test("kubectl builds the kustomization: rules, monitors, RBAC and the dashboar
   const kubectl = path.join(await binaries(), "kubectl");
   const r = await run(kubectl, ["kustomize", MON]);
   t.equal(r.code, 0, r.out);
-  const docs = r.out
-    .split(/^---$/m)
-    .map(
-      (d) =>
-        parse(d) as {
-          kind: string;
-          metadata: { name: string; labels?: Record<string, string> };
-          data?: Record<string, string>;
-        },
-    );
+  const docs = r.out.split(/^---$/m).map(
+    (d) =>
+      parse(d) as {
+        kind: string;
+        metadata: { name: string; labels?: Record<string, string> };
+        data?: Record<string, string>;
+      },
+  );
   t.same(docs.map((d) => `${d.kind}/${d.metadata.name}`).sort(), [
     "ClusterRole/bashible:metrics-reader",
     "ClusterRoleBinding/bashible:metrics-reader",

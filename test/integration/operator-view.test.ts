@@ -6,6 +6,8 @@
 // (Deckhouse's exceptions, a forced drain recorded as such).
 import t from "tap";
 import { execFile, spawn } from "node:child_process";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
 import { pino } from "pino";
 import { EVENTS, INSTANCES, NODE_KEYS, SECRETS } from "../../bundles/names.ts";
 import { ControllerMetrics } from "../../cluster/controllers/metrics.ts";
@@ -18,6 +20,7 @@ import { withControlPlane } from "../../scripts/lib/control-plane-fixture.ts";
 import { annotate, createNode, createPod, startKubeletSim } from "../../scripts/lib/sim-nodes.ts";
 import { until } from "../../scripts/lib/until.ts";
 
+const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
 const K = NODE_KEYS;
 const NS = "d8-cloud-instance-manager";
 const log = pino({ level: process.env.TEST_LOG ? "debug" : "silent" });
@@ -424,3 +427,54 @@ t.test("drains: Deckhouse's exceptions; a forced drain recorded on the Node and 
   const pods = (await list(admin, "/api/v1/namespaces/drn/pods")).items.map((p) => p.metadata.name);
   t.same(pods, ["mine"], "the guarded pod was deleted at the deadline");
 });
+
+t.test(
+  "the node agents' metrics, cluster side: a node can check a scraper's token and rights as kube-rbac-proxy does",
+  async (t) => {
+    await cp.kubectl(["apply", "-f", path.join(REPO, "cluster/deploy/monitoring/rbac.yaml")]);
+    const tokenFor = async (sa: string) =>
+      (
+        await admin.request<{ status: { token: string } }>(
+          "POST",
+          `/api/v1/namespaces/${NS}/serviceaccounts/${sa}/token`,
+          {
+            body: { apiVersion: "authentication.k8s.io/v1", kind: "TokenRequest", spec: { expirationSeconds: 600 } },
+          },
+        )
+      ).status.token;
+    await admin.request("POST", `/api/v1/namespaces/${NS}/serviceaccounts`, {
+      body: { apiVersion: "v1", kind: "ServiceAccount", metadata: { name: "someone-else" } },
+    });
+    await createNode(admin, "auth-1", "st");
+    // What the agent does with the kubelet's credentials for each scrape.
+    const id = await cp.mintNode("auth-1");
+    const agent = new KubeClient(await loadKubeconfig(id.kubeconfig), { userAgent: "bashible" });
+    t.teardown(() => agent.close());
+    const allowed = async (sa: string) => {
+      const review = await agent.request<{
+        status: { authenticated?: boolean; user?: { username: string; groups?: string[] } };
+      }>("POST", "/apis/authentication.k8s.io/v1/tokenreviews", {
+        body: { apiVersion: "authentication.k8s.io/v1", kind: "TokenReview", spec: { token: await tokenFor(sa) } },
+      });
+      t.ok(review.status.authenticated, `${sa}: the token is reviewed with the node's own credentials`);
+      const sar = await agent.request<{ status: { allowed: boolean } }>(
+        "POST",
+        "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+        {
+          body: {
+            apiVersion: "authorization.k8s.io/v1",
+            kind: "SubjectAccessReview",
+            spec: {
+              user: review.status.user?.username,
+              groups: review.status.user?.groups,
+              resourceAttributes: { verb: "get", resource: "nodes", subresource: "metrics", name: "auth-1" },
+            },
+          },
+        },
+      );
+      return sar.status.allowed;
+    };
+    t.equal(await allowed("bashible-metrics-scraper"), true, "the scraper may read the node's metrics");
+    t.equal(await allowed("someone-else"), false, "another account may not");
+  },
+);
