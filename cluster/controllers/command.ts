@@ -57,7 +57,11 @@ async function serveMetrics(address: string): Promise<{ address: string; close()
   const a = server.address();
   return {
     address: typeof a === "object" && a ? `${a.address}:${a.port}` : address,
-    close: () => new Promise((r) => server.close(() => r())),
+    close: () =>
+      new Promise((r) => {
+        server.close(() => r());
+        server.closeAllConnections(); // an idle keep-alive scraper must not hold the shutdown
+      }),
   };
 }
 
