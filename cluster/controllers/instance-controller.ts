@@ -38,6 +38,11 @@ export interface InstanceControllerOptions {
   now?: () => number;
   /** Every Node is looked at again this often (an Event that expired, a missed change); default 60 s. */
   resyncMs?: number;
+  /**
+   * At most one status write per Instance per this long (default 1 s): a node that asks and is
+   * approved within it gets one write of where it ended up, not one per step.
+   */
+  writeIntervalMs?: number;
 }
 
 interface InstanceObject extends KubeObject {
@@ -82,6 +87,11 @@ export class InstanceController {
   readonly instances: Informer<InstanceObject>;
   private readonly events: Informer;
   private readonly queue: WorkQueue;
+  /** The agent's Events by Node, then by Event (namespace/name), kept as the watch changes them. */
+  private readonly byNode = new Map<string, Map<string, AgentEvent>>();
+  /** What this controller last wrote to each Instance's status, and when: the watch may lag it. */
+  private readonly written = new Map<string, { status: InstanceStatus | undefined; at: number }>();
+  private readonly delayed = new Map<string, NodeJS.Timeout>();
   private unsubscribe: (() => void) | undefined;
   private timer: NodeJS.Timeout | undefined;
   readonly stats = { created: 0, deleted: 0, statusWrites: 0, finalizersRemoved: 0 };
@@ -100,7 +110,10 @@ export class InstanceController {
       client: o.client,
       path: INSTANCES.path,
       log: this.log,
-      onEvent: (ev) => byName(ev, (x) => x.metadata.name),
+      onEvent: (ev) => {
+        if (ev.type === "DELETED") this.written.delete(ev.object.metadata.name);
+        byName(ev, (x) => x.metadata.name);
+      },
     });
     this.events = new Informer({
       client: o.client,
@@ -109,8 +122,17 @@ export class InstanceController {
       fieldSelector: "involvedObject.kind=Node,source=bashible",
       log: this.log,
       trim: trimEvent,
-      onEvent: (ev) =>
-        byName(ev, (x) => (isAgentEvent(String(x.reason ?? "")) ? (x as EventObject).involvedObject?.name : undefined)),
+      onEvent: (ev) => {
+        if (ev.type === "SYNC") {
+          this.byNode.clear();
+          for (const [key, e] of this.events.objects) this.index(key, e as EventObject, false);
+          this.all();
+          return;
+        }
+        const e = ev.object as EventObject;
+        const node = this.index(`${e.metadata.namespace}/${e.metadata.name}`, e, ev.type === "DELETED");
+        if (node) this.queue.add(node);
+      },
     });
   }
 
@@ -127,6 +149,8 @@ export class InstanceController {
 
   stop(): void {
     clearInterval(this.timer);
+    for (const t of this.delayed.values()) clearTimeout(t);
+    this.delayed.clear();
     this.unsubscribe?.();
     this.instances.stop();
     this.events.stop();
@@ -143,21 +167,34 @@ export class InstanceController {
     for (const i of this.instances.objects.values()) this.queue.add(i.metadata.name);
   }
 
-  /** The agent's Events on `node`, in the order they happened. */
-  agentEvents(node: string): AgentEvent[] {
-    const out: AgentEvent[] = [];
-    for (const e of this.events.objects.values() as Iterable<EventObject>) {
-      if (e.involvedObject?.name !== node || !isAgentEvent(e.reason ?? "")) continue;
-      const at = Date.parse(e.lastTimestamp ?? "");
-      out.push({
-        reason: e.reason ?? "",
-        type: e.type ?? "",
-        message: e.message ?? "",
-        at: Number.isNaN(at) ? 0 : at,
-        order: Number(e.metadata.resourceVersion) || 0,
-      });
+  /** Files (or drops) one Event under its Node; returns the Node when it is an agent's Event. */
+  private index(key: string, e: EventObject, gone: boolean): string | undefined {
+    const node = e.involvedObject?.name;
+    if (!node || !isAgentEvent(e.reason ?? "")) return undefined;
+    let mine = this.byNode.get(node);
+    if (gone) {
+      mine?.delete(key);
+      if (mine && !mine.size) this.byNode.delete(node);
+      return node;
     }
-    return out;
+    if (!mine) {
+      mine = new Map();
+      this.byNode.set(node, mine);
+    }
+    const at = Date.parse(e.lastTimestamp ?? "");
+    mine.set(key, {
+      reason: e.reason ?? "",
+      type: e.type ?? "",
+      message: e.message ?? "",
+      at: Number.isNaN(at) ? 0 : at,
+      order: Number(e.metadata.resourceVersion) || 0,
+    });
+    return node;
+  }
+
+  /** The agent's Events on `node`. */
+  agentEvents(node: string): AgentEvent[] {
+    return [...(this.byNode.get(node)?.values() ?? [])];
   }
 
   /** Where each managed Node's converge stands (for the metrics), whatever its group's type. */
@@ -198,7 +235,8 @@ export class InstanceController {
       approvalMode,
       desired: this.o.checksums().get(node.group),
       events: this.agentEvents(name),
-      current: inst?.status,
+      // Our last write, while the watch has not shown it yet: its transition times are the ones to keep.
+      current: (inst && this.written.get(name)?.status) ?? inst?.status,
       now: this.now(),
     });
     if (!inst) {
@@ -211,14 +249,18 @@ export class InstanceController {
         timeoutMs: 10_000,
       });
     }
-    if (sameStatus(inst.status, status)) return;
-    await this.writeStatus(name, status, inst.metadata.resourceVersion);
+    if (sameStatus(inst.status, status)) {
+      // The watch shows it: from here the Instance itself says what is there.
+      const w = this.written.get(name);
+      if (w) w.status = undefined;
+      return;
+    }
+    await this.writeStatus(name, status);
   }
 
   private async create(node: CachedNode, status: InstanceStatus): Promise<void> {
-    let created: InstanceObject;
     try {
-      created = await this.o.client.request<InstanceObject>("POST", INSTANCES.path, {
+      await this.o.client.request<InstanceObject>("POST", INSTANCES.path, {
         body: {
           apiVersion: "deckhouse.io/v1alpha1",
           kind: "Instance",
@@ -241,18 +283,42 @@ export class InstanceController {
     }
     this.stats.created++;
     this.log.info({ instance: node.name, group: node.group }, "Instance created");
-    await this.writeStatus(node.name, status, created.metadata.resourceVersion);
+    // A new object: whatever was written to an earlier one of this name is not on it.
+    this.written.delete(node.name);
+    await this.writeStatus(node.name, status);
   }
 
-  private async writeStatus(name: string, status: InstanceStatus, resourceVersion: string | undefined): Promise<void> {
+  /**
+   * Merge-patches the whole status this controller owns. No resourceVersion precondition: only
+   * the leader writes it, the patch names every field it sets, and a write computed from a
+   * watch that lags our last one would only say the same again (it is skipped: `written`).
+   */
+  private async writeStatus(name: string, status: InstanceStatus): Promise<void> {
+    const last = this.written.get(name);
+    if (last?.status && sameStatus(last.status, status)) return;
+    const wait = (last?.at ?? 0) + (this.o.writeIntervalMs ?? 1000) - Date.now();
+    if (wait > 0) {
+      if (!this.delayed.has(name)) {
+        const t = setTimeout(() => {
+          this.delayed.delete(name);
+          this.queue.add(name);
+        }, wait);
+        t.unref();
+        this.delayed.set(name, t);
+      }
+      return;
+    }
     try {
       this.stats.statusWrites++;
+      this.written.set(name, { status, at: Date.now() });
       await this.o.client.request("PATCH", `${INSTANCES.path}/${enc(name)}/status`, {
-        body: { metadata: { resourceVersion }, status: { ...status, bootstrapStatus: status.bootstrapStatus ?? null } },
+        body: { status: { ...status, bootstrapStatus: status.bootstrapStatus ?? null } },
         timeoutMs: 10_000,
       });
     } catch (err) {
-      if (isConflict(err) || isNotFound(err)) return; // the watch brings the current object
+      const w = this.written.get(name);
+      if (w) w.status = undefined;
+      if (isNotFound(err)) return; // the watch brings the current object
       throw err;
     }
   }

@@ -73,6 +73,10 @@ export class OperatorControllers {
 
   /** Hooks of the update controller's watches (run.ts wires them). */
   onGroupEvent(ev: InformerEvent<KubeObject>): void {
+    // The update controller writes the groups' status about once a second during a rollout:
+    // only a change of the spec (or a new list) concerns these controllers.
+    if (ev.type === "MODIFIED" && ev.previous && JSON.stringify(ev.previous.spec) === JSON.stringify(ev.object.spec))
+      return;
     this.nodeTemplate.onGroupEvent(ev.type === "SYNC" ? undefined : ev.object);
     this.instances.all();
   }
