@@ -51,6 +51,17 @@ export const NODE_KEYS = {
   /** Taint the kubelet registers with until the first converge finished. */
   uninitializedTaint: "node.deckhouse.io/bashible-uninitialized",
   firstRunFinished: "node.deckhouse.io/bashible-first-run-finished",
+  /**
+   * Deckhouse's record of the nodeTemplate last applied to a Node (JSON: annotations, labels,
+   * taints), so keys the template drops are removed and keys others set are left alone.
+   */
+  lastAppliedNodeTemplate: "node-manager.deckhouse.io/last-applied-node-template",
+  /** Prefix of the role label every Node of a group carries: node-role.kubernetes.io/<group>. */
+  nodeRolePrefix: "node-role.kubernetes.io/",
+  /** Deckhouse's taint of a Node whose template is not applied yet (removed with the template). */
+  deckhouseUninitializedTaint: "node.deckhouse.io/uninitialized",
+  /** Ours: the last drain of this Node had to delete pods it could not evict (when, and which). */
+  drainForced: "bashible.deckhouse.io/drain-forced",
 } as const;
 
 /** Event reasons the agent and the controllers write. */
@@ -76,6 +87,15 @@ export const EVENTS = {
   /** The bundle server, on a NodeGroup or NodeGroupConfiguration it cannot render, and when it renders again. */
   renderFailed: "BashibleRenderFailed",
   renderSucceeded: "BashibleRenderSucceeded",
+  /** The nodeTemplate controller, on a NodeGroup whose template a Node refused. */
+  nodeTemplateFailed: "BashibleNodeTemplateFailed",
+} as const;
+
+/** Deckhouse's Instance objects (deckhouse.io/v1alpha1, one per machine; here one per static Node). */
+export const INSTANCES = {
+  path: "/apis/deckhouse.io/v1alpha1/instances",
+  /** Deckhouse's finalizer; removed at once on deletion, as there is no machine to delete. */
+  finalizer: "node-manager.hooks.deckhouse.io/instance-controller",
 } as const;
 
 /** Leases in NAMESPACE: the holder of each runs that work, on one replica at a time. */

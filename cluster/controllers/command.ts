@@ -7,6 +7,7 @@ import { LEASES, NAMESPACE } from "../../bundles/names.ts";
 import { inClusterConnection } from "../in-cluster.ts";
 import { DEFAULTS } from "./controller.ts";
 import { runControllers } from "./run.ts";
+import { CONTROLLER_METRICS } from "./metrics.ts";
 
 /** Seconds from a flag (fractions allowed, for tests), as milliseconds. */
 export function secondsFlag(v: string | undefined, flag: string, fallbackMs: number): number {
@@ -38,6 +39,32 @@ export function controllerSettings(v: Record<string, unknown>) {
   };
 }
 
+/** The controllers' metrics over plain HTTP, for `bashible controllers` run without the server. */
+async function serveMetrics(address: string): Promise<{ address: string; close(): Promise<void> }> {
+  const m = /^(?:\[([0-9a-fA-F:.]+)\]|([^:[\]]*)):(\d{1,5})$/.exec(address);
+  const port = Number(m?.[3]);
+  if (!m || port > 65535) throw new UsageError(`--metrics-address must be HOST:PORT, got '${address}'`);
+  const host = m[1] ?? (m[2] || "0.0.0.0");
+  const { createServer } = await import("node:http");
+  const server = createServer((req, res) => {
+    if ((req.url ?? "").split("?")[0] !== "/metrics") return void res.writeHead(404).end("try /metrics\n");
+    res.writeHead(200, { "content-type": "text/plain; version=0.0.4; charset=utf-8" }).end(CONTROLLER_METRICS.text());
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(port, host, () => resolve());
+  });
+  const a = server.address();
+  return {
+    address: typeof a === "object" && a ? `${a.address}:${a.port}` : address,
+    close: () =>
+      new Promise((r) => {
+        server.close(() => r());
+        server.closeAllConnections(); // an idle keep-alive scraper must not hold the shutdown
+      }),
+  };
+}
+
 const command: Command = {
   summary: "update and disruption approval, drains (leader-elected; also part of `bashible server`)",
   usage: "--kubeconfig FILE | --in-cluster [options]",
@@ -51,6 +78,10 @@ ${NAMESPACE}/${LEASES.controllers}; \`bashible server\` runs the same unless --n
       --kubeconfig FILE       credentials (or --in-cluster for the pod's service account)
       --in-cluster
       --namespace NS          where the Lease and Secret configuration-checksums are (default ${NAMESPACE})
+      --metrics-address HOST:PORT
+                              serve the controllers' metrics (node_group_node_status and Deckhouse's
+                              other names) at /metrics over plain HTTP (default: not served; the
+                              bundle server serves them on its own /metrics)
 ${CONTROLLER_FLAGS_HELP}
 
 See docs/controllers.md.`,
@@ -58,6 +89,7 @@ See docs/controllers.md.`,
     kubeconfig: { type: "string" },
     "in-cluster": { type: "boolean" },
     namespace: { type: "string" },
+    "metrics-address": { type: "string" },
     ...CONTROLLER_FLAGS,
   },
   async run({ values, log }) {
@@ -77,12 +109,15 @@ See docs/controllers.md.`,
       controller: { evictionRetryMs: s.evictionRetryMs, drainTimeoutMs: s.drainTimeoutMs },
     });
     log.info({ identity: leadership.identity, lease: LEASES.controllers }, "controllers: candidate for the lease");
+    const metrics = typeof v["metrics-address"] === "string" ? await serveMetrics(v["metrics-address"]) : undefined;
+    if (metrics) log.info({ address: metrics.address }, "controllers' metrics at /metrics");
     await new Promise<void>((resolve) => {
       process.once("SIGTERM", () => resolve());
       process.once("SIGINT", () => resolve());
     });
     log.info("stopping");
     await leadership.stop();
+    await metrics?.close();
     client.close();
     return EXIT.ok;
   },

@@ -13,8 +13,9 @@ import type { Logger } from "../../lib/log/log.ts";
 import { decideGroup, type GroupDecision, type NodeEvent, type NodePatch } from "./decide.ts";
 import { NodeDrain } from "./drain.ts";
 import { EventRecorder } from "./events.ts";
-import { groupPolicy, nodeView, trimNode, type NodeView } from "./model.ts";
+import { groupPolicy, nodeView, trimNode, type GroupPolicy, type NodeView } from "./model.ts";
 import { StatusWriter, statusBody } from "./status.ts";
+import { groupConditions, groupErrors, groupKubernetesVersion } from "./group-conditions.ts";
 
 export interface UpdateControllerOptions {
   client: KubeClient;
@@ -33,6 +34,20 @@ export interface UpdateControllerOptions {
   recheckMs?: number;
   /** Also told every event of the managed Nodes' watch (another controller sharing it). */
   onNodeEvent?: (ev: InformerEvent<KubeObject>) => void;
+  /** Told when a NodeGroup or the checksums Secret changes (the controllers that read them too). */
+  onGroupEvent?: (ev: InformerEvent<KubeObject>) => void;
+  onChecksumsEvent?: () => void;
+  /** A drain finished (the drains metric counts them). */
+  onDrainDone?: (node: string, group: string, result: "clean" | "forced") => void;
+}
+
+/** What the update controller sees now, for the metrics (read at scrape time). */
+export interface UpdateView {
+  groups: { policy: GroupPolicy; spec: Record<string, unknown> }[];
+  nodes: NodeView[];
+  checksums: Map<string, string>;
+  /** Nodes being drained whose pods could not all be evicted: the node and what is wrong. */
+  drainTrouble: Map<string, string>;
 }
 
 export const DEFAULTS = { evictionRetryMs: 20_000, drainTimeoutMs: 300_000, statusIntervalMs: 1000, recheckMs: 30_000 };
@@ -48,8 +63,10 @@ export class UpdateController {
   private readonly now: () => number;
   /** The managed Nodes (trimNode), shared with the kubelet serving approver. */
   readonly nodes: Informer;
-  private readonly groups: Informer;
+  readonly groups: Informer;
   private readonly secret: Informer;
+  /** NodeGroupConfigurations: their render errors go into the groups' status (and the metrics). */
+  readonly configurations: Informer;
   private readonly events: EventRecorder;
   private readonly status: StatusWriter;
   private readonly drains = new Map<string, NodeDrain>();
@@ -81,13 +98,33 @@ export class UpdateController {
       client: o.client,
       path: "/apis/deckhouse.io/v1/nodegroups",
       log: o.log,
-      onEvent: () => this.poke(),
+      onEvent: (ev) => {
+        this.o.onGroupEvent?.(ev);
+        this.poke();
+      },
     });
     this.secret = new Informer({
       client: o.client,
       path: `/api/v1/namespaces/${o.namespace ?? NAMESPACE}/secrets`,
       fieldSelector: `metadata.name=${SECRETS.checksums}`,
       log: o.log,
+      onEvent: () => {
+        this.o.onChecksumsEvent?.();
+        this.poke();
+      },
+    });
+    this.configurations = new Informer({
+      client: o.client,
+      path: "/apis/deckhouse.io/v1alpha1/nodegroupconfigurations",
+      log: o.log,
+      trim: (c) => ({
+        metadata: { name: c.metadata.name, resourceVersion: c.metadata.resourceVersion },
+        spec: { nodeGroups: (c.spec as { nodeGroups?: string[] } | undefined)?.nodeGroups },
+        status: {
+          error: (c.status as { error?: string } | undefined)?.error,
+          failedNodeGroups: (c.status as { failedNodeGroups?: string[] } | undefined)?.failedNodeGroups,
+        },
+      }),
       onEvent: () => this.poke(),
     });
     this.events = new EventRecorder(o.client, o.log);
@@ -99,12 +136,13 @@ export class UpdateController {
     this.nodes.run();
     this.groups.run();
     this.secret.run();
+    this.configurations.run();
   }
 
   stop(): void {
     this.stopped = true;
     clearTimeout(this.timer);
-    for (const i of [this.nodes, this.groups, this.secret]) i.stop();
+    for (const i of [this.nodes, this.groups, this.secret, this.configurations]) i.stop();
     for (const d of this.drains.values()) d.stop();
     this.drains.clear();
     this.status.stop();
@@ -126,6 +164,26 @@ export class UpdateController {
           this.poke();
         }
       });
+  }
+
+  /** What the controller sees now (the metrics read it at scrape time). */
+  view(): UpdateView {
+    const drainTrouble = new Map<string, string>();
+    for (const [name, d] of this.drains) if (d.trouble) drainTrouble.set(name, d.trouble);
+    return {
+      groups: [...this.groups.objects.values()].map((ng) => ({
+        policy: groupPolicy(ng),
+        spec: (ng.spec ?? {}) as Record<string, unknown>,
+      })),
+      nodes: [...this.nodes.objects.values()].map(nodeView),
+      checksums: this.checksums(),
+      drainTrouble,
+    };
+  }
+
+  /** Whether every watch has listed once (metrics are only exported from a whole picture). */
+  get synced(): boolean {
+    return this.nodes.synced && this.groups.synced && this.secret.synced;
   }
 
   /** Resolves once no pass runs (tests). */
@@ -153,7 +211,8 @@ export class UpdateController {
     this.poke();
   }
 
-  private checksums(): Map<string, string> {
+  /** The groups' checksums from Secret configuration-checksums. */
+  checksums(): Map<string, string> {
     const s = this.secret.objects.get(`${this.o.namespace ?? NAMESPACE}/${SECRETS.checksums}`);
     const data = (s?.data ?? {}) as Record<string, string>;
     return new Map(Object.entries(data).map(([g, v]) => [g, Buffer.from(v, "base64").toString("utf8").trim()]));
@@ -196,7 +255,19 @@ export class UpdateController {
       const d = decideGroup(policy, members, checksums.get(name), now);
       work.push(this.apply(d.actions, new Map(members.map((n) => [n.name, n]))));
       for (const w of d.waits) this.events.emit(w, members.find((n) => n.name === w.node)?.uid);
-      this.status.set(name, statusBody(d.status, policy.error !== undefined), ng.status);
+      // A NodeGroupConfiguration that does not render for this group is its error too; until
+      // they are listed (or without the CRD), none is known.
+      const errors = groupErrors(name, policy.error, this.configurations.objects.values());
+      const current = (ng.status as { conditions?: [] } | undefined)?.conditions;
+      this.status.set(
+        name,
+        statusBody(d.status, {
+          errors,
+          conditions: groupConditions(members, errors, current, now),
+          kubernetesVersion: groupKubernetesVersion(members),
+        }),
+        ng.status,
+      );
       if (d.wakeAt !== undefined) wake = Math.min(wake, d.wakeAt);
     }
     for (const g of byGroup.keys()) {
@@ -248,6 +319,7 @@ export class UpdateController {
           now: this.now,
           retryMs: this.o.evictionRetryMs ?? DEFAULTS.evictionRetryMs,
           poke: () => this.poke(),
+          onDone: (result) => this.o.onDrainDone?.(n.name, n.group, result),
         });
         this.drains.set(n.name, drain);
       }

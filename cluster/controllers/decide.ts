@@ -72,6 +72,20 @@ function names(nodes: NodeView[], max = 3): string {
   return nodes.length > max ? `${shown.join(", ")} and ${nodes.length - max} more` : shown.join(", ");
 }
 
+/**
+ * Why a node that needs a disruption is approved without the drain drainBeforeApproval asks
+ * for: Deckhouse's exceptions (update_approval.go). The only node of group master is not
+ * drained (its control plane would stop, and it reboots fine undrained); a node someone else
+ * cordoned (not this controller, whose cordon is marked) is taken as prepared by them.
+ */
+function noDrainReason(policy: GroupPolicy, nodes: readonly NodeView[], n: NodeView): string | undefined {
+  if (policy.name === "master" && nodes.length === 1)
+    return "it is the only node of node group master (draining it would stop the control plane)";
+  if (n.unschedulable && !has(n, NODE_KEYS.cordoned) && !has(n, NODE_KEYS.draining))
+    return "it was cordoned before by someone else, who is taken to have prepared it; it stays cordoned";
+  return undefined;
+}
+
 export function decideGroup(
   policy: GroupPolicy,
   nodes: readonly NodeView[],
@@ -158,11 +172,12 @@ export function decideGroup(
       );
       continue;
     }
-    if (!policy.drainBeforeApproval || drained) {
+    const skip = drained ? undefined : noDrainReason(policy, sorted, n);
+    if (!policy.drainBeforeApproval || drained || skip) {
       act(
         { node: n.name, annotations: { [NODE_KEYS.disruptionApproved]: "", [NODE_KEYS.disruptionRequired]: null } },
         EVENTS.disruptionApproved,
-        `disruption approved (node group ${group}, approvalMode Automatic${policy.drainBeforeApproval ? ", node drained" : ", drainBeforeApproval false"})`,
+        `disruption approved (node group ${group}, approvalMode Automatic${!policy.drainBeforeApproval ? ", drainBeforeApproval false" : drained ? ", node drained" : `; not drained: ${skip}`})`,
       );
       continue;
     }

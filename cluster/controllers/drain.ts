@@ -2,7 +2,10 @@
 // through the Eviction API so PodDisruptionBudgets hold, retry a refused eviction every 20 s,
 // and once the drain has run for its timeout (5 min, or the group's nodeDrainTimeoutSecond)
 // delete what is left. DaemonSet pods and mirror (static) pods stay, as with kubectl drain.
-// Done: `drained` (same value as `draining`) replaces `draining`.
+// Done: `drained` (same value as `draining`) replaces `draining`. A drain that had to delete
+// pods is not a plain success: the Node carries bashible.deckhouse.io/drain-forced (when, and
+// which pods) until a later drain of it finishes without force, and while pods refuse to go the
+// drain reports its trouble (d8_node_draining).
 //
 // What survives a change of leader is on the Node: the cordon, and when the drain began
 // (so the deadline does not restart). Evicted pods carry a deletionTimestamp, so a new leader
@@ -65,6 +68,8 @@ export interface DrainDeps {
   retryMs: number;
   /** Something changed (a pod event): run the controller's loop again. */
   poke: () => void;
+  /** A drain finished: without force, or deleting pods it could not evict. */
+  onDone?: (result: "clean" | "forced") => void;
 }
 
 const podName = (p: PodObject) => `${p.metadata.namespace}/${p.metadata.name}`;
@@ -82,6 +87,8 @@ export class NodeDrain {
   evictions = 0;
   refusals = 0;
   deletions = 0;
+  /** Set while some pod refuses to be evicted: what the operator is told (d8_node_draining). */
+  trouble: string | undefined;
 
   constructor(node: string, d: DrainDeps) {
     this.node = node;
@@ -136,25 +143,38 @@ export class NodeDrain {
     for (const uid of this.evicted) if (!all.some((p) => p.metadata.uid === uid)) this.evicted.delete(uid);
     const blocking = all.filter((p) => !staysOnNode(p));
     const deadline = started + timeoutMs;
-    const done = (how: string, type: "Normal" | "Warning" = "Normal"): DrainStep => ({
-      patch: {
-        node: n.name,
-        annotations: { [NODE_KEYS.drained]: source, [NODE_KEYS.draining]: null, [NODE_KEYS.drainStartedAt]: null },
-      },
-      event: { node: n.name, reason: EVENTS.drained, message: how, type },
-    });
+    const done = (how: string, forced: string | undefined): DrainStep => {
+      this.trouble = undefined;
+      this.d.onDone?.(forced ? "forced" : "clean");
+      const annotations: Record<string, string | null> = {
+        [NODE_KEYS.drained]: source,
+        [NODE_KEYS.draining]: null,
+        [NODE_KEYS.drainStartedAt]: null,
+      };
+      // The record of a forced drain stays until a drain of this node goes through without force.
+      if (forced) annotations[NODE_KEYS.drainForced] = `${new Date(now).toISOString()}: ${forced}`.slice(0, 1000);
+      else if (n.annotations[NODE_KEYS.drainForced] !== undefined) annotations[NODE_KEYS.drainForced] = null;
+      return {
+        patch: { node: n.name, annotations },
+        event: { node: n.name, reason: EVENTS.drained, message: how, type: forced ? "Warning" : "Normal" },
+      };
+    };
     if (!blocking.length) {
       return done(
         `drained in ${seconds(Math.max(0, now - started))}: ${this.evictions} pod(s) evicted by this controller${this.deletions ? `, ${this.deletions} deleted` : ""}`,
+        this.deletions ? `${this.deletions} pod(s) deleted without eviction after ${seconds(timeoutMs)}` : undefined,
       );
     }
     const live = blocking.filter((p) => !p.metadata.deletionTimestamp && !this.evicted.has(p.metadata.uid ?? ""));
     if (now >= deadline) {
       const left = live.filter((p) => !this.deleted.has(p.metadata.uid ?? ""));
       await Promise.all(left.map((p) => this.remove(p)));
+      const forced = left.length
+        ? `deleted ${left.map(podName).join(", ")} without eviction: not evictable within ${seconds(timeoutMs)}`
+        : undefined;
       return done(
         `drain timed out after ${seconds(timeoutMs)}: deleted ${left.length ? left.map(podName).join(", ") : "nothing"} without eviction${blocking.length > left.length ? `; ${blocking.length - left.length} pod(s) still terminating` : ""}`,
-        left.length ? "Warning" : "Normal",
+        forced,
       );
     }
     let wakeAt = deadline;
@@ -183,6 +203,8 @@ export class NodeDrain {
       if (isNotFound(err)) return;
       this.nextTry.set(uid, this.d.now() + this.d.retryMs);
       this.refusals++;
+      // One text per drain (not per pod or attempt), so the series it labels stays the same.
+      this.trouble = `pods could not be evicted; those still there at ${new Date(deadline).toISOString()} are deleted`;
       const why =
         err instanceof KubeStatusError && err.status === 429
           ? `refused (${err.statusMessage})`

@@ -18,6 +18,7 @@ import type { Logger } from "../../lib/log/log.ts";
 import type { Counter, Registry } from "../../lib/prometheus.ts";
 import { EVENTS, LEASES, NAMESPACE, NODE_KEYS } from "../../bundles/names.ts";
 import { whileLeading, type Leadership } from "../leadership.ts";
+import { CONTROLLER_METRICS, type ControllerMetrics, type Samples } from "./metrics.ts";
 import {
   type ControllerTimings,
   DEFAULT_CONTROLLER_TIMINGS,
@@ -37,6 +38,8 @@ export interface FencingControllerOptions {
   /** How often nodes are looked at (default 5 s). */
   resyncMs?: number;
   metrics?: Registry;
+  /** Where its gauges are served (d8_fencing_*); default the process's (the server's /metrics). */
+  gauges?: ControllerMetrics;
   /**
    * Leader election: the Lease (default d8-cloud-instance-manager/bashible-fencing-controller)
    * and its duration (default the server's, 10 s: `--lease-duration`).
@@ -74,6 +77,7 @@ export class FencingController {
   private timer: NodeJS.Timeout | undefined;
   private busy = false;
   private readonly counter: Counter | undefined;
+  private removeGauges: (() => void) | undefined;
 
   constructor(o: FencingControllerOptions) {
     this.o = o;
@@ -111,6 +115,7 @@ export class FencingController {
 
   start(): void {
     this.log.info({ ...this.timings }, "fencing controller started");
+    this.removeGauges = (this.o.gauges ?? CONTROLLER_METRICS).add(() => this.samples());
     this.nodes.run();
     this.leases.run();
     this.timer = setInterval(() => void this.tick(), this.o.resyncMs ?? 5000);
@@ -118,8 +123,30 @@ export class FencingController {
 
   stop(): void {
     clearInterval(this.timer);
+    this.removeGauges?.();
     this.nodes.stop();
     this.leases.stop();
+  }
+
+  /**
+   * Deckhouse's fencing blockers, as this controller meets them: a fencing-enabled node that has
+   * no kubelet Lease can never be judged (d8_fencing_invalid_node_reference, LeaseNotFound), and
+   * one whose agent states timings that fail the invariants would be refused when it goes
+   * silent (d8_fencing_configuration_error, profile agent-timings). Known before it matters.
+   */
+  samples(): Samples {
+    if (!this.nodes.synced || !this.leases.synced) return {};
+    const invalid: Samples[string] = [];
+    const config: Samples[string] = [];
+    for (const node of this.nodes.objects.values()) {
+      const name = node.metadata.name;
+      // `seen` is keyed by Lease name (the informer's own keys carry the namespace).
+      if (!this.seen.has(name)) invalid.push({ labels: { node: name, reason: "LeaseNotFound" }, value: 1 });
+      const own = parseAgentTimingsAnnotation(node.metadata.annotations?.[NODE_KEYS.fencingTimings]);
+      if (own && unsafeTimings({ ...this.timings, ...own, kubeletWindowSeconds: own.kubeletWindowSeconds }))
+        config.push({ labels: { node: name, profile: "agent-timings" }, value: 1 });
+    }
+    return { d8_fencing_invalid_node_reference: invalid, d8_fencing_configuration_error: config };
   }
 
   /** Seconds since the kubelet was last seen renewing its Lease (our clock), if known. */

@@ -37,6 +37,7 @@ const UPDATE_KEYS = [
   NODE_KEYS.checksum,
   NODE_KEYS.drainStartedAt,
   NODE_KEYS.cordoned,
+  NODE_KEYS.drainForced,
 ];
 
 export interface NodeView {
@@ -47,11 +48,18 @@ export interface NodeView {
   ready: boolean;
   unschedulable: boolean;
   annotations: Record<string, string>;
+  /** creationTimestamp (ms): a young Node counts as ready for NodeGroup status, as in Deckhouse. */
+  created?: number | undefined;
+  kubeletVersion?: string | undefined;
 }
 
 interface NodeObject extends KubeObject {
   spec?: { unschedulable?: boolean };
-  status?: { conditions?: { type: string; status: string }[]; addresses?: { type: string; address: string }[] };
+  status?: {
+    conditions?: { type: string; status: string }[];
+    addresses?: { type: string; address: string }[];
+    nodeInfo?: { kubeletVersion?: string };
+  };
 }
 
 /** The part of a Node the controllers keep (a Node's status is large; 10,000 of them add up). */
@@ -68,6 +76,7 @@ export function trimNode(n: KubeObject): KubeObject {
       name: node.metadata.name,
       uid: node.metadata.uid,
       resourceVersion: node.metadata.resourceVersion,
+      creationTimestamp: node.metadata.creationTimestamp,
       labels: { [NODE_KEYS.group]: node.metadata.labels?.[NODE_KEYS.group] ?? "" },
       annotations,
     },
@@ -76,12 +85,14 @@ export function trimNode(n: KubeObject): KubeObject {
     status: {
       conditions: ready ? [{ type: "Ready", status: ready.status }] : [],
       addresses: node.status?.addresses ?? [],
+      nodeInfo: { kubeletVersion: node.status?.nodeInfo?.kubeletVersion },
     },
   };
 }
 
 export function nodeView(n: KubeObject): NodeView {
   const node = n as NodeObject;
+  const created = Date.parse(String(node.metadata.creationTimestamp ?? ""));
   return {
     name: node.metadata.name,
     uid: node.metadata.uid,
@@ -90,6 +101,8 @@ export function nodeView(n: KubeObject): NodeView {
     ready: node.status?.conditions?.some((c) => c.type === "Ready" && c.status === "True") ?? false,
     unschedulable: node.spec?.unschedulable === true,
     annotations: { ...(node.metadata.annotations ?? {}) },
+    created: Number.isNaN(created) ? undefined : created,
+    kubeletVersion: node.status?.nodeInfo?.kubeletVersion,
   };
 }
 

@@ -9,6 +9,8 @@ import { UpdateController, type UpdateControllerOptions } from "./controller.ts"
 import { InitializedController } from "./initialized.ts";
 import { KubeletServingApprover } from "./kubelet-serving.ts";
 import { KubeletClientApprover } from "./kubelet-client.ts";
+import { CONTROLLER_METRICS, type ControllerMetrics } from "./metrics.ts";
+import { OperatorControllers } from "./operator-controllers.ts";
 
 export interface RunControllersOptions extends LeaseTiming {
   client: KubeClient;
@@ -16,6 +18,8 @@ export interface RunControllersOptions extends LeaseTiming {
   namespace: string;
   identity?: string;
   controller?: Omit<UpdateControllerOptions, "client" | "log" | "namespace">;
+  /** Where the controllers' metrics go; default the process's (the server's /metrics). */
+  metrics?: ControllerMetrics;
 }
 
 export function runControllers(o: RunControllersOptions): Leadership {
@@ -32,12 +36,23 @@ export function runControllers(o: RunControllersOptions): Leadership {
     (signal) => {
       // One watch of the managed Nodes for both: the approver reads the addresses trimNode keeps.
       let serving: KubeletServingApprover | undefined;
+      let ops: OperatorControllers | undefined;
       const c = new UpdateController({
         ...o.controller,
         client: o.client,
         log: o.log,
         namespace: o.namespace,
         onNodeEvent: (ev) => serving?.onNodeEvent(ev),
+        onGroupEvent: (ev) => ops?.onGroupEvent(ev),
+        onChecksumsEvent: () => ops?.onChecksums(),
+        onDrainDone: (_node, group, result) => ops?.onDrainDone(group, result),
+      });
+      // nodeTemplate, Instances and the Deckhouse-named metrics, from the same caches.
+      ops = new OperatorControllers({
+        client: o.client,
+        log: o.log,
+        update: c,
+        metrics: o.metrics ?? CONTROLLER_METRICS,
       });
       const init = new InitializedController({ client: o.client, log: o.log });
       serving = new KubeletServingApprover({ client: o.client, log: o.log, nodes: c.nodes });
@@ -47,6 +62,7 @@ export function runControllers(o: RunControllersOptions): Leadership {
       init.start();
       serving.start();
       client.start();
+      ops.start();
       signal.addEventListener(
         "abort",
         () => {
@@ -54,6 +70,7 @@ export function runControllers(o: RunControllersOptions): Leadership {
           init.stop();
           serving.stop();
           client.stop();
+          ops?.stop();
         },
         { once: true },
       );

@@ -1,16 +1,36 @@
-// NodeGroup status, where `kubectl get nodegroups` and `kubectl describe` look: node counts and
-// a one-line summary of the rollout. Written only when it changed, and at most once per
-// interval per group (a rollout of 200 nodes changes it hundreds of times; the last value wins).
+// NodeGroup status, where `kubectl get nodegroups` and `kubectl describe` look: node counts, a
+// one-line summary of the rollout, and Deckhouse's conditions, kubernetesVersion and error
+// (group-conditions.ts). Written only when it changed, and at most once per interval per group
+// (a rollout of 200 nodes changes it hundreds of times; the last value wins).
 import type { KubeClient } from "../../lib/kube/client.ts";
 import { isNotFound } from "../../lib/kube/errors.ts";
 import type { Logger } from "../../lib/log/log.ts";
 import type { GroupStatus } from "./decide.ts";
+import type { GroupCondition } from "./group-conditions.ts";
 
 const enc = encodeURIComponent;
 
-export function statusBody(s: GroupStatus, error: boolean): Record<string, unknown> {
+export interface StatusExtras {
+  /** Everything wrong with the group (its spec, NodeGroupConfigurations that fail for it). */
+  errors: readonly string[];
+  conditions: GroupCondition[];
+  kubernetesVersion: string;
+}
+
+export function statusBody(s: GroupStatus, x: StatusExtras): Record<string, unknown> {
   const { message, ...counts } = s;
-  return { ...counts, conditionSummary: { statusMessage: message, ready: error ? "False" : "True" } };
+  // The spec's own error already leads the rollout summary (decide.ts); others are put before it.
+  const more = x.errors.filter((e) => !message.startsWith(e));
+  return {
+    ...counts,
+    kubernetesVersion: x.kubernetesVersion,
+    error: x.errors.join("; "),
+    conditions: x.conditions,
+    conditionSummary: {
+      statusMessage: [...more, message].join("; "),
+      ready: x.errors.length ? "False" : "True",
+    },
+  };
 }
 
 export class StatusWriter {

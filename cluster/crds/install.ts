@@ -1,4 +1,4 @@
-// Installs the deckhouse.io CRDs (NodeGroup, NodeGroupConfiguration, NodeUser) and waits until
+// Installs the deckhouse.io CRDs (NodeGroup, NodeGroupConfiguration, NodeUser, Instance) and waits until
 // the API server serves them. Used by tests, the demo and `bashible server --install-crds`.
 // A CRD that exists but was not installed by us (Deckhouse's own, label heritage=deckhouse) is
 // left alone unless forced: replacing it would change what its controllers and users rely on.
@@ -10,7 +10,7 @@ import type { KubeClient } from "../../lib/kube/client.ts";
 import { isConflict, isNotFound } from "../../lib/kube/errors.ts";
 import type { KubeObject } from "../../lib/kube/api.ts";
 
-export const CRD_FILES = ["nodegroup.yaml", "nodegroupconfiguration.yaml", "nodeuser.yaml"] as const;
+export const CRD_FILES = ["nodegroup.yaml", "nodegroupconfiguration.yaml", "nodeuser.yaml", "instance.yaml"] as const;
 const CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
 /** The label (and value) our CRDs carry; a CRD without it belongs to someone else. */
 export const HERITAGE_LABEL = "heritage";

@@ -1,7 +1,9 @@
 // A few Prometheus counters and gauges in the text exposition format; no client library
-// needed for this many series.
+// needed for this many series. The controllers' metrics (node_group_node_status and the other
+// Deckhouse names, cluster/controllers/metrics.ts) follow, on the replica that leads them.
 
 import { monitorEventLoopDelay } from "node:perf_hooks";
+import { CONTROLLER_METRICS } from "../controllers/metrics.ts";
 
 type Labels = Record<string, string>;
 
@@ -68,6 +70,7 @@ export class Metrics {
       `# TYPE nodejs_eventloop_delay_max_seconds gauge\nnodejs_eventloop_delay_max_seconds ${loopDelay.max / 1e9}`,
     ];
     const series = [this.renders, this.renderErrors, this.requests, this.watchers, this.checksumWrites];
-    return `${[...series.map((s) => s.text()), ...proc].join("\n")}\n`;
+    // The controllers' (Deckhouse's names): only while this replica leads them.
+    return `${[...series.map((s) => s.text()), ...proc].join("\n")}\n${CONTROLLER_METRICS.text()}`;
   }
 }

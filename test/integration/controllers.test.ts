@@ -297,6 +297,11 @@ t.test("Automatic: cordon, evict honouring the PDB, delete what is left after th
   t.equal(a[K.disruptionRequired], undefined);
   const timedOut = await eventMatching("auto-1", /drain timed out after 3 s: deleted apps\/guarded without eviction/);
   t.ok(timedOut);
+  t.match(
+    a[K.drainForced],
+    /^\d{4}-\d\d-\d\dT[\d:.]+Z: deleted apps\/guarded without eviction/,
+    "recorded as forced on the Node",
+  );
 
   const pods = (await list(admin, "/api/v1/namespaces/apps/pods")).items.map((p) => p.metadata.name).sort();
   t.same(pods, ["ds-pod", "elsewhere", "static-pod"], "DaemonSet and mirror pods stay; the pod on another node too");
@@ -322,11 +327,15 @@ t.test("Automatic: cordon, evict honouring the PDB, delete what is left after th
     return (
       !n.spec?.unschedulable &&
       Object.keys(n.metadata.annotations ?? {}).every(
-        (k) => !k.startsWith("update.node") && !k.startsWith("bashible.deckhouse.io/"),
+        (k) => !k.startsWith("update.node") && (!k.startsWith("bashible.deckhouse.io/") || k === K.drainForced),
       )
     );
   });
   t.pass("uncordoned once up to date, since the controller cordoned it");
+  t.ok(
+    (await ann("auto-1"))[K.drainForced],
+    "the forced drain stays on record until a drain of the node needs no force",
+  );
 });
 
 t.test("Automatic inside maintenance windows: held until the window opens (injected clock)", async (t) => {

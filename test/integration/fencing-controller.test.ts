@@ -17,6 +17,7 @@ import {
   fencingTimings,
   startFencingController,
 } from "../../cluster/controllers/fencing.ts";
+import { ControllerMetrics } from "../../cluster/controllers/metrics.ts";
 
 const cp = await withControlPlane(t);
 const admin = cp.admin;
@@ -199,5 +200,49 @@ t.test(
     t.equal(await condition("f-fresh"), undefined, "f-fresh: not even reported");
     const lease = await getLease(admin, NAMESPACE, "fencing-test");
     t.ok((lease.spec as { holderIdentity?: string }).holderIdentity, "the controller ran as the Lease holder");
+  },
+);
+
+t.test(
+  "Deckhouse's fencing blockers as metrics, while leading: no kubelet Lease, the node's own timings unsafe",
+  async (t) => {
+    await createNode(admin, "g-nolease", {
+      group: "ctl",
+      labels: { [NODE_KEYS.fencingEnabled]: "", [NODE_KEYS.fencingMode]: "Watchdog" },
+    });
+    await fencingNode("g-unsafe", {
+      annotations: { [NODE_KEYS.fencingTimings]: "watchdog=60s,detection=26s" },
+      pods: 0,
+    });
+    await fencingNode("g-fine", { pods: 0 });
+    const gauges = new ControllerMetrics();
+    const ctl = startFencingController({
+      client: admin,
+      log,
+      gauges,
+      timings: {
+        thresholdSeconds: 4,
+        watchdogTimeoutSeconds: 1,
+        detectionWindowSeconds: 1,
+        kubeletWindowSeconds: 1,
+        marginSeconds: 1,
+      },
+      lease: { namespace: NAMESPACE, name: "fencing-gauges-test", durationSeconds: 15 },
+    });
+    const text = await waitFor(
+      "the gauges",
+      () => (/d8_fencing_invalid_node_reference\{node="g-nolease"/.test(gauges.text()) ? gauges.text() : undefined),
+      30_000,
+    );
+    t.match(text, /d8_fencing_invalid_node_reference\{node="g-nolease",reason="LeaseNotFound"\} 1/);
+    t.match(text, /d8_fencing_configuration_error\{node="g-unsafe",profile="agent-timings"\} 1/);
+    t.notMatch(text, /node="g-fine"/, "a node with its Lease and safe timings has none");
+    t.notMatch(
+      text,
+      /reason="LeaseNotFound"[^\n]*\n[^\n]*node="g-unsafe"|node="g-unsafe",reason/,
+      "g-unsafe has its Lease",
+    );
+    await ctl.stop();
+    t.notMatch(gauges.text(), /d8_fencing_/, "a replica that no longer leads exports none");
   },
 );

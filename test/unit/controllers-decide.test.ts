@@ -121,6 +121,35 @@ t.test("Automatic drains first, approves once drained; without drainBeforeApprov
   });
 });
 
+t.test(
+  "Deckhouse's exceptions: the only master and a node someone else cordoned are approved without a drain",
+  async (t) => {
+    const approvedAtOnce = { [K.disruptionApproved]: "", [K.disruptionRequired]: null };
+    const asks = { [K.approved]: "", [K.disruptionRequired]: "" };
+    const master = groupPolicy({ metadata: { name: "master" }, spec: { nodeType: "CloudPermanent" } });
+    const lone = decideGroup(master, [node("m-1", asks, { group: "master" })], SUM, NOW);
+    t.same(lone.actions[0]?.patch.annotations, approvedAtOnce);
+    t.match(lone.actions[0]?.event.message, /not drained: it is the only node of node group master/);
+    const two = decideGroup(
+      master,
+      [node("m-1", asks, { group: "master" }), node("m-2", {}, { group: "master" })],
+      SUM,
+      NOW,
+    );
+    t.same(two.actions[0]?.patch.annotations, { [K.draining]: "bashible" }, "with two masters, drained as usual");
+    const theirs = decideGroup(ng(), [node("w-1", asks, { unschedulable: true })], SUM, NOW);
+    t.same(theirs.actions[0]?.patch.annotations, approvedAtOnce);
+    t.notOk("unschedulable" in (theirs.actions[0]?.patch ?? {}), "left cordoned as the operator left it");
+    t.match(theirs.actions[0]?.event.message, /cordoned before by someone else/);
+    const ours = decideGroup(ng(), [node("w-1", { ...asks, [K.cordoned]: "true" }, { unschedulable: true })], SUM, NOW);
+    t.same(
+      ours.actions[0]?.patch.annotations,
+      { [K.draining]: "bashible" },
+      "our own cordon (a drain cut short) is drained",
+    );
+  },
+);
+
 t.test("a maintenance window holds Automatic approval until it opens", async (t) => {
   const policy = ng({
     disruptions: { approvalMode: "Automatic", automatic: { windows: [{ from: "22:00", to: "02:00", days: ["Wed"] }] } },
