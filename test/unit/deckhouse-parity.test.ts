@@ -278,7 +278,7 @@ t.test("docs/steps.md's Deckhouse table has a row for every setting written here
   const topology = render((ng) => {
     ng.spec.kubelet = {
       topologyManager: { enabled: true },
-      memorySwap: { swapBehavior: "LimitedSwap" },
+      memorySwap: { swapBehavior: "LimitedSwap", limitedSwap: { size: "4G" } },
       seccompDefault: true,
     };
   }).kubelet;
