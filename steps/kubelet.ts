@@ -14,14 +14,14 @@
 //   /var/lib/bashible/discovered-node-ip when it exists. Drop-ins of kubelet.service this step
 //   does not own (Deckhouse's 10-deckhouse.conf, kubeadm's 10-kubeadm.conf) would override its
 //   ExecStart: they are removed, in the plan like any other change.
-// - What the kubelet's settings need from the system: the kernel settings protectKernelDefaults
-//   makes it check (a sysctl.d file, loaded), and logind's inhibitor delay long enough for
-//   graceful node shutdown (a logind.conf.d file; logind told to reload).
+// - What the kubelet's settings need from the system: logind's inhibitor delay long enough for
+//   graceful node shutdown (a logind.conf.d file; logind told to reload). The kernel values
+//   protectKernelDefaults makes it check are 041_configure_sysctl_tuner's, the one owner of
+//   kernel values (this step's own sysctl.d file of earlier versions is removed).
 //
 // The kubelet is restarted (after this step, by the engine) only when one of the files it reads
 // changed, or a script set kubelet-need-restart. 069_start_kubelet then waits for its client
 // certificate.
-import { readFile } from "node:fs/promises";
 import { isIP } from "node:net";
 import { parse, stringify } from "yaml";
 import { asset } from "../lib/assets.ts";
@@ -68,15 +68,7 @@ export const DROP_IN_DIRS = [
   "/lib/systemd/system",
 ].map((d) => `${d}/${UNIT}.d`);
 
-/** The kernel settings a kubelet with protectKernelDefaults checks at start (and refuses to run without). */
-export const KERNEL_DEFAULTS = {
-  "vm.overcommit_memory": 1,
-  "vm.panic_on_oom": 0,
-  "kernel.panic": 10,
-  "kernel.panic_on_oops": 1,
-  "kernel.keys.root_maxkeys": 1000000,
-  "kernel.keys.root_maxbytes": 25000000,
-} as const;
+/** Where earlier versions of this step kept the kubelet's kernel values (the sysctl tuner has them now). */
 export const SYSCTL_FILE = "/etc/sysctl.d/90-bashible-kubelet.conf";
 /** logind's delay inhibitor: the kubelet's graceful shutdown holds the machine's shutdown this long. */
 export const LOGIND_FILE = "/etc/systemd/logind.conf.d/90-bashible-kubelet.conf";
@@ -238,7 +230,8 @@ export function kubeletConfig(spec: KubeletSpec, m: MachineFacts, n: NodeFacts):
     volumeStatsAggPeriod: "1m0s",
     healthzBindAddress: "127.0.0.1",
     healthzPort: 10248,
-    protectKernelDefaults: true,
+    // A bundle from a server before this setting: the kubelet's own default here, true.
+    protectKernelDefaults: spec.protectKernelDefaults ?? true,
     containerLogMaxSize: spec.containerLogMaxSize,
     containerLogMaxFiles: spec.containerLogMaxFiles,
     allowedUnsafeSysctls: ["net.*"],
@@ -322,13 +315,6 @@ RestartSec=10
 [Install]
 WantedBy=multi-user.target
 `;
-}
-
-export function renderSysctl(): string {
-  const lines = Object.entries(KERNEL_DEFAULTS).map(([k, v]) => `${k} = ${v}`);
-  return `# Managed by bashible (064_configure_kubelet): the kernel settings the kubelet checks at start
-# (protectKernelDefaults), so it finds them set instead of setting them itself.
-${lines.join("\n")}\n`;
 }
 
 export function renderLogind(): string {
@@ -434,28 +420,6 @@ async function planForeignDropIns(host: Host): Promise<FileChange[]> {
   return out;
 }
 
-/** The kernel settings file, and loading it when it changed or the kernel has other values. */
-async function planKernelDefaults(host: Host): Promise<Primitive[]> {
-  const file = await planFile(host, { path: SYSCTL_FILE, content: renderSysctl(), mode: 0o644 });
-  const drift: string[] = [];
-  if (!host.sandbox) {
-    for (const [k, v] of Object.entries(KERNEL_DEFAULTS)) {
-      const live = await readFile(`/proc/sys/${k.replaceAll(".", "/")}`, "utf8").catch(() => undefined);
-      if (live !== undefined && live.trim() !== String(v)) drift.push(`${k} is ${live.trim()}`);
-    }
-  }
-  if (!file && drift.length === 0) return [];
-  return [
-    ...(file ? [file] : []),
-    {
-      kind: "command",
-      argv: ["sysctl", "-p", SYSCTL_FILE],
-      recordInSandbox: true,
-      summary: `load ${SYSCTL_FILE}${drift.length ? ` (${drift.join(", ")})` : ""}`,
-    },
-  ];
-}
-
 /** logind's inhibitor delay, and logind told to reload it (as the kubelet itself would). */
 async function planInhibitor(host: Host): Promise<{ changes: Primitive[]; problems: Problem[] }> {
   const file = await planFile(host, { path: LOGIND_FILE, content: renderLogind(), mode: 0o644 });
@@ -497,7 +461,9 @@ export async function planKubelet(
     const c = await planDir(host, dir, { mode: 0o755 });
     if (c) changes.push(c);
   }
-  changes.push(...(await planKernelDefaults(host)));
+  const legacySysctl = await planAbsent(host, SYSCTL_FILE);
+  if (legacySysctl)
+    changes.push({ ...legacySysctl, summary: `${legacySysctl.summary} (the sysctl tuner owns these values)` });
   const inhibitor = await planInhibitor(host);
   changes.push(...inhibitor.changes);
   problems.push(...inhibitor.problems);

@@ -52,6 +52,12 @@ export const kubelet = builtinStep({
     }),
     featureGates: record(bool(), { key: /^[A-Za-z0-9]{1,100}$/ }),
     seccompDefault: opt(bool()),
+    /**
+     * The kubelet refuses to start when the six kernel values it checks differ from its own
+     * (kernel.panic 10 among them). False on groups with a Watchdog fence, whose nodes keep
+     * kernel.panic 0 (041_configure_sysctl_tuner) so a fenced machine stays down.
+     */
+    protectKernelDefaults: opt(bool()),
     /** NodeGroup kubelet.topologyManager, when enabled (the kubelet's own spelling). */
     topologyManager: opt(
       obj({

@@ -27,6 +27,11 @@ export const sysctlTuner = builtinStep({
     "fs.inotify.max_user_instances": "5120",
     "fs.inotify.max_user_watches": "524288",
     "fs.may_detach_mounts": "1",
+    // The rest of what the kubelet checks with protectKernelDefaults (with kernel.panic,
+    // kernel.panic_on_oops and vm.overcommit_memory): one owner for every kernel value, so the
+    // kubelet finds them set.
+    "kernel.keys.root_maxbytes": "25000000",
+    "kernel.keys.root_maxkeys": "1000000",
     "kernel.numa_balancing": "0",
     "kernel.panic_on_oops": "1",
     "kernel.pid_max": "2000000",
@@ -53,6 +58,7 @@ export const sysctlTuner = builtinStep({
     "vm.dirty_ratio": "80",
     "vm.min_free_kbytes": "131072",
     "vm.overcommit_memory": "1",
+    "vm.panic_on_oom": "0",
   },
   /** Deckhouse's kernel.panic: 10 s to the reboot, 0 (stay down) on a group with fencing. */
   kernelPanic: { default: "10", fencing: "0" },

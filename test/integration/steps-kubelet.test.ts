@@ -84,8 +84,6 @@ t.test("kubelet: from scratch, validated by the kubelet, restarted only for what
       "dir /etc/kubernetes/pki",
       "dir /etc/kubernetes/manifests",
       "dir /var/lib/kubelet",
-      "file /etc/sysctl.d/90-bashible-kubelet.conf",
-      "command sysctl -p /etc/sysctl.d/90-bashible-kubelet.conf",
       "file /etc/systemd/logind.conf.d/90-bashible-kubelet.conf",
       "command systemctl kill --signal=SIGHUP -- systemd-logind.service",
       "file /etc/kubernetes/pki/ca.crt",
@@ -107,12 +105,11 @@ t.test("kubelet: from scratch, validated by the kubelet, restarted only for what
   t.same(
     await actions(env),
     [
-      "sysctl -p /etc/sysctl.d/90-bashible-kubelet.conf",
       "systemctl kill --signal=SIGHUP -- systemd-logind.service",
       "systemctl daemon-reload",
       "systemctl restart kubelet.service",
     ],
-    "the kernel settings and logind's delay first, then the kubelet started by one restart",
+    "logind's delay first, then the kubelet started by one restart",
   );
   const live = await readFile(path.join(env.root, PATHS.kubeletConfig), "utf8");
   t.equal((await stat(path.join(env.root, PATHS.kubeletConfig))).mode & 0o777, 0o600, "root's alone (CIS)");
@@ -140,9 +137,9 @@ t.test("kubelet: from scratch, validated by the kubelet, restarted only for what
   );
   t.match(config.evictionHard, { "memory.available": /^\d+$/, "nodefs.available": /^(5%|20G)$/ });
   if (!existsSync("/sys/fs/cgroup/cgroup.controllers")) t.equal(config.failCgroupV1, false, "cgroup v1 machine");
-  t.match(
-    await readFile(path.join(env.root, "etc/sysctl.d/90-bashible-kubelet.conf"), "utf8"),
-    /^kernel\.panic = 10$/m,
+  t.notOk(
+    existsSync(path.join(env.root, "etc/sysctl.d/90-bashible-kubelet.conf")),
+    "no kernel values of its own: the sysctl tuner is their one owner",
   );
   t.match(
     await readFile(path.join(env.root, "etc/systemd/logind.conf.d/90-bashible-kubelet.conf"), "utf8"),
@@ -161,7 +158,7 @@ t.test("kubelet: from scratch, validated by the kubelet, restarted only for what
 
   t.same((await env.plan(first, o)).changes, [], "a second run plans nothing");
   t.equal((await env.apply(first, o)).outcome, "unchanged");
-  t.equal((await actions(env)).length, 4, "and restarts nothing");
+  t.equal((await actions(env)).length, 3, "and restarts nothing");
 
   const whyRestart = async (s: BundleStep) => {
     const svc = (await env.planRun([s], o))[0]!.changes.find((c) => c.kind === "service");
@@ -170,7 +167,7 @@ t.test("kubelet: from scratch, validated by the kubelet, restarted only for what
   const more = kubeletStep(spec({ maxPods: 42 }));
   t.same(await whyRestart(more), [PATHS.kubeletConfig], "maxPods: the configuration");
   await env.apply(more, o);
-  t.same((await actions(env)).slice(4), ["systemctl restart kubelet.service"]);
+  t.same((await actions(env)).slice(3), ["systemctl restart kubelet.service"]);
 
   // 000_discover_node_ip (Deckhouse's name and file) found the node's address.
   await writeFile(path.join(env.root, PATHS.discoveredNodeIP), "10.1.2.3\n");

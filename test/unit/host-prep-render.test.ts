@@ -115,6 +115,36 @@ t.test("kernel parameters: Deckhouse's set; kernel.panic 0 on a Watchdog group, 
   );
 });
 
+// The kubelet's own list (pkg/kubelet/cm/container_manager_linux.go, setupKernelTunables): with
+// protectKernelDefaults it refuses to start unless each has exactly this value.
+const KUBELET_CHECKS = {
+  "vm.overcommit_memory": "1",
+  "vm.panic_on_oom": "0",
+  "kernel.panic": "10",
+  "kernel.panic_on_oops": "1",
+  "kernel.keys.root_maxkeys": "1000000",
+  "kernel.keys.root_maxbytes": "25000000",
+};
+
+t.test("the kubelet finds the kernel values it checks; on a Watchdog group it does not check them", async (t) => {
+  const ng = worker();
+  delete ng.spec.fencing;
+  let r = render(ng);
+  const tuned = spec(r, "SysctlTuner").settings;
+  for (const [k, v] of Object.entries(KUBELET_CHECKS)) t.equal(tuned[k], v, `${k} is the kubelet's ${v}`);
+  t.equal(spec(r, "Kubelet").protectKernelDefaults, true, "no fence: the kubelet checks them");
+  ng.spec.fencing = { mode: "Watchdog" };
+  r = render(ng);
+  t.equal(spec(r, "SysctlTuner").settings["kernel.panic"], "0");
+  t.equal(
+    spec(r, "Kubelet").protectKernelDefaults,
+    false,
+    "kernel.panic 0 is not the kubelet's 10: a check would keep it from starting",
+  );
+  ng.spec.fencing = { mode: "Notify" };
+  t.equal(spec(render(ng), "Kubelet").protectKernelDefaults, true);
+});
+
 t.test("nf_conntrack_max is the node's: CPUs × perCore, at least min", async (t) => {
   const s = spec(render(worker()), "SysctlTuner");
   t.equal(tunedSettings(s, 2)["net.netfilter.nf_conntrack_max"], "524288", "2 CPUs: the minimum");

@@ -78,6 +78,10 @@ export const kubeletSpec: SpecBuilder<"Kubelet"> = (i) => {
       clusterDNS: [...(ctx.clusterDNS ?? KUBELET_DEFAULTS.clusterDNS)],
       clusterDomain: ctx.clusterDomain ?? KUBELET_DEFAULTS.clusterDomain,
       maxPods: k.maxPods ?? maxPodsForPrefix(podSubnetPrefix(i)),
+      // kernel.panic 0 (a fenced machine stays down) is not the kubelet's 10: there it must not
+      // refuse to start over it. It then sets its values when it starts, and the sysctl tuner,
+      // which runs after every kubelet start, puts kernel.panic back to 0.
+      protectKernelDefaults: spec.fencing?.mode !== "Watchdog",
       containerLogMaxSize: k.containerLogMaxSize ?? KUBELET_DEFAULTS.containerLogMaxSize,
       containerLogMaxFiles: k.containerLogMaxFiles ?? KUBELET_DEFAULTS.containerLogMaxFiles,
       nodeStatusUpdateFrequencySeconds:
