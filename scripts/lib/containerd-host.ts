@@ -158,6 +158,11 @@ export async function startHostContainerd(dir: string): Promise<HostContainerd> 
           "--namespace",
           NAMESPACE,
           "run",
+          // runc's own state is machine-wide (/run/containerd/runc/<namespace>) unless told:
+          // two of these containerds running a container of the same id (two e2e worlds side
+          // by side) would meet there ("container with given ID already exists").
+          "--runc-root",
+          path.join(dir, "runc"),
           "--read-only",
           ...DEFAULT_CAPS.flatMap((c) => ["--cap-drop", c]),
           ...(o.netHost ? ["--net-host"] : []),
