@@ -48,22 +48,6 @@ export const NODE_USER = "e2e-operator";
 /** The network the machines' veths are in (each a /30 of it). */
 export const NODE_NETWORK = "10.213.0.0/16";
 
-/**
- * Bootstrap tokens may read Nodes, as kubeadm lets its own (kubeadm:get-nodes): how
- * 064_check_hostname_uniqueness asks whether a joining machine's name is taken.
- */
-export const BOOTSTRAP_GET_NODES_RBAC = `apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {name: "bashible:bootstrap-get-nodes"}
-rules: [{apiGroups: [""], resources: [nodes], verbs: [get]}]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: "bashible:bootstrap-get-nodes"}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "bashible:bootstrap-get-nodes"}
-subjects: [{apiGroup: rbac.authorization.k8s.io, kind: Group, name: "system:bootstrappers"}]
-`;
-
 /** The bridge network pods on the node get (host-local IPAM). */
 export const POD_SUBNET = "10.244.0.0/24";
 
@@ -249,7 +233,6 @@ export async function startE2eCluster(o: {
     for (const f of ["rbac.yaml", "fencing-rbac.yaml", "kubelet-bootstrap-rbac.yaml", "node-group-label-policy.yaml"]) {
       await cp.kubectl(["apply", "-f", path.join(deploy, f)]);
     }
-    await cp.kubectl(["apply", "-f", "-"], { input: BOOTSTRAP_GET_NODES_RBAC });
     const agentVersion = o.packages.find((p) => p.name === "bashible")?.version;
     if (!agentVersion) throw new Error("the packages lack the agent (bashible)");
     const context = {
