@@ -247,7 +247,7 @@ t.test("sustained pressure: the kubelet's first pick is killed whole, with an Ev
   // Shares follow real time here (the file writer and the agent's samples tick apart): matched loosely.
   t.match(
     ev.message,
-    /^Early OOM killed the pod's processes: memory full stall [56]\d% \(some [78]\d%\) over the last 1\.\d s, held 3\.\d s; MemAvailable 200 MiB of 8 GiB; reclaim \d+ pages\/s\. Trigger: .*Victim ranked 1 of 5: working set 1\.2 GiB > request 500 MiB.* 5 process\(es\) killed \(freeze\+SIGKILL\) in \d+ ms\.$/,
+    /^Early OOM killed the pod's processes: memory full stall \d+% \(some \d+%\) over the last 1\.\d s, held 3\.\d s; MemAvailable 200 MiB of 8 GiB; reclaim \d+ pages\/s\. Trigger: .*Victim ranked 1 of 5: working set 1\.2 GiB > request 500 MiB.* 5 process\(es\) killed \(freeze\+SIGKILL\) in \d+ ms\.$/,
   );
 
   const metrics = await (await fetch(`${agentUrl}/metrics`)).text();

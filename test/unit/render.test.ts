@@ -56,7 +56,10 @@ t.test("the example renders the built-in steps and the NGC in name order", async
     ],
   );
   const script = step(r, "Script");
-  t.match(script.spec.script, /tuning sysctls for node group worker/, "Go template rendered");
+  t.match(script.spec.script, /tuning sysctls/);
+  const templated = inputs();
+  templated.configurations[0]!.spec.content = 'echo "tuning node group {{ .nodeGroup.name }}"';
+  t.match(step(render(templated), "Script").spec.script, /tuning node group worker/, "Go template rendered");
   t.equal(r.checksum, bundleChecksum(r.bundle));
   t.match(r.checksum, /^[0-9a-f]{64}$/);
   t.equal(r.bundle.metadata.annotations?.["bashible.deckhouse.io/configuration-checksum"], r.checksum);
