@@ -68,7 +68,7 @@ function packageRefs(ctx: ClusterContext): RegistryPackageRef[] {
       if (!repository) {
         throw new RenderError("context", `packages.${name} has no repository and the context has no registry`);
       }
-      return { name, digest: p.digest, repository };
+      return { name, digest: p.digest, repository, ...(p.layer ? { layer: p.layer } : {}) };
     });
 }
 
