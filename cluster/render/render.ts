@@ -357,6 +357,7 @@ export function renderGroup(ng: NodeGroupObject, inputs: RenderInputs, nowMs: nu
       "agent.package": agentRef.name,
       "agent.digest": agentRef.digest,
       "agent.repository": agentRef.repository,
+      ...(agentRef.layer ? { "agent.layer": agentRef.layer } : {}),
       "agent.version": ctx.agent.version,
       "cleanup_static_node.sh": cleanupScript,
     },
