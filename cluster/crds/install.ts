@@ -37,9 +37,10 @@ interface WebhookConversion {
 const conversionOf = (crd: KubeObject) => (crd.spec as { conversion?: WebhookConversion }).conversion;
 
 /**
- * The caBundle a CRD's conversion webhook gets: the one given, else the one it already has (an
- * operator's patch survives a reinstall), else the APIService's: the webhook is the same server
- * behind the same Service and certificate. Base64, as the API field takes it.
+ * The caBundle a CRD's conversion webhook gets: the one given, else the one it already has when
+ * it is ours (an operator's patch survives a reinstall; Deckhouse's CRD carries its
+ * webhook-handler's CA, which would never verify this server), else the APIService's: the
+ * webhook is the same server behind the same Service and certificate. Base64, as the API takes it.
  */
 async function conversionCaBundle(
   client: KubeClient,
@@ -47,7 +48,8 @@ async function conversionCaBundle(
   existing: KubeObject | undefined,
 ): Promise<string | undefined> {
   if (given) return Buffer.from(given, "utf8").toString("base64");
-  const kept = existing && conversionOf(existing)?.webhook?.clientConfig?.caBundle;
+  const ours = existing?.metadata.labels?.[HERITAGE_LABEL] === HERITAGE;
+  const kept = ours ? conversionOf(existing!)?.webhook?.clientConfig?.caBundle : undefined;
   if (kept) return kept;
   try {
     const api = await client.request<KubeObject>("GET", APISERVICE_PATH);
