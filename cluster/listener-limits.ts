@@ -135,3 +135,64 @@ export function refuseBody(req: IncomingMessage, res: ServerResponse, body: stri
     }
   });
 }
+
+/** The one route that takes a body (the CRD conversion webhook): how much, and how fast. */
+export interface BodyLimits {
+  /** Bytes; a longer body is refused (413) without reading the rest. */
+  maxBytes: number;
+  /** The whole body must arrive within this (408 after). */
+  timeoutMs: number;
+}
+
+/**
+ * A ConversionReview carries every object of a list read at once (the API server converts a
+ * list in one request): 16 MiB holds thousands of NodeGroups. The API server gives a
+ * conversion webhook 30 s in all; the body must be in within 10 of them.
+ */
+export const CONVERSION_BODY_LIMITS: BodyLimits = { maxBytes: 16 * 1024 * 1024, timeoutMs: 10_000 };
+
+export class BodyLimitError extends Error {
+  override name = "BodyLimitError";
+  readonly code: 408 | 413;
+  constructor(code: 408 | 413, message: string) {
+    super(message);
+    this.code = code;
+  }
+}
+
+/** Reads a request's body within `l`, or throws BodyLimitError (the caller answers with its code). */
+export function readBoundedBody(req: IncomingMessage, l: BodyLimits): Promise<Buffer> {
+  const declared = Number(req.headers["content-length"] ?? "");
+  if (Number.isFinite(declared) && declared > l.maxBytes) {
+    return Promise.reject(new BodyLimitError(413, `the body (${declared} bytes) is over ${l.maxBytes} bytes`));
+  }
+  return new Promise<Buffer>((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    let bytes = 0;
+    const fail = (err: BodyLimitError) => {
+      clearTimeout(timer);
+      req.removeListener("data", onData);
+      req.pause();
+      reject(err);
+    };
+    const timer = setTimeout(
+      () => fail(new BodyLimitError(408, `the body did not arrive within ${l.timeoutMs} ms`)),
+      l.timeoutMs,
+    );
+    timer.unref();
+    const onData = (c: Buffer) => {
+      bytes += c.length;
+      if (bytes > l.maxBytes) return fail(new BodyLimitError(413, `the body is over ${l.maxBytes} bytes`));
+      chunks.push(c);
+    };
+    req.on("data", onData);
+    req.once("end", () => {
+      clearTimeout(timer);
+      if (bytes <= l.maxBytes) resolve(Buffer.concat(chunks));
+    });
+    req.once("error", (err) => {
+      clearTimeout(timer);
+      reject(err);
+    });
+  });
+}

@@ -20,6 +20,56 @@ export class ForeignCrdError extends Error {
   override name = "ForeignCrdError";
 }
 
+/** Where the API server reaches the NodeGroup conversion webhook (spec.conversion.webhook.clientConfig). */
+export interface ConversionTarget {
+  /** PEM of the CA that signed the bundle server's certificate. */
+  caBundle?: string;
+  /** The Service port (443 in cluster/deploy; tests point an ExternalName at their own port). */
+  port?: number;
+}
+
+const APISERVICE_PATH = "/apis/apiregistration.k8s.io/v1/apiservices/v1alpha1.bashible.deckhouse.io";
+
+interface WebhookConversion {
+  strategy?: string;
+  webhook?: { clientConfig?: { caBundle?: string; service?: { port?: number } } };
+}
+const conversionOf = (crd: KubeObject) => (crd.spec as { conversion?: WebhookConversion }).conversion;
+
+/**
+ * The caBundle a CRD's conversion webhook gets: the one given, else the one it already has when
+ * it is ours (an operator's patch survives a reinstall; Deckhouse's CRD carries its
+ * webhook-handler's CA, which would never verify this server), else the APIService's: the
+ * webhook is the same server behind the same Service and certificate. Base64, as the API takes it.
+ */
+async function conversionCaBundle(
+  client: KubeClient,
+  given: string | undefined,
+  existing: KubeObject | undefined,
+): Promise<string | undefined> {
+  if (given) return Buffer.from(given, "utf8").toString("base64");
+  const ours = existing?.metadata.labels?.[HERITAGE_LABEL] === HERITAGE;
+  const kept = ours ? conversionOf(existing!)?.webhook?.clientConfig?.caBundle : undefined;
+  if (kept) return kept;
+  try {
+    const api = await client.request<KubeObject>("GET", APISERVICE_PATH);
+    return (api.spec as { caBundle?: string }).caBundle || undefined;
+  } catch (err) {
+    if (isNotFound(err)) return undefined;
+    throw err;
+  }
+}
+
+function withConversion(crd: KubeObject, caBundle: string | undefined, port: number | undefined): KubeObject {
+  const conversion = conversionOf(crd);
+  if (conversion?.strategy !== "Webhook") return crd;
+  const out = structuredClone(crd);
+  const clientConfig = conversionOf(out)!.webhook!.clientConfig!;
+  if (caBundle) clientConfig.caBundle = caBundle;
+  if (port !== undefined && clientConfig.service) clientConfig.service.port = port;
+  return out;
+}
+
 export async function loadCrds(): Promise<KubeObject[]> {
   return Promise.all(
     CRD_FILES.map(async (f) => parse(await readFile(path.join(asset("cluster/crds"), f), "utf8")) as KubeObject),
@@ -33,7 +83,7 @@ export async function loadCrds(): Promise<KubeObject[]> {
  */
 export async function installCrds(
   client: KubeClient,
-  opts: { timeoutMs?: number; force?: boolean } = {},
+  opts: { timeoutMs?: number; force?: boolean; conversion?: ConversionTarget } = {},
 ): Promise<void> {
   const crds = await loadCrds();
   if (!opts.force) {
@@ -59,13 +109,16 @@ export async function installCrds(
     for (let attempt = 0; ; attempt++) {
       try {
         const existing = await client.request<KubeObject>("GET", `${CRD_PATH}/${name}`);
+        const ca = await conversionCaBundle(client, opts.conversion?.caBundle, existing);
+        const wanted = withConversion(crd, ca, opts.conversion?.port);
         await client.request("PUT", `${CRD_PATH}/${name}`, {
-          body: { ...crd, metadata: { ...crd.metadata, resourceVersion: existing.metadata.resourceVersion } },
+          body: { ...wanted, metadata: { ...wanted.metadata, resourceVersion: existing.metadata.resourceVersion } },
         });
         break;
       } catch (err) {
         if (isNotFound(err)) {
-          await client.request("POST", CRD_PATH, { body: crd });
+          const ca = await conversionCaBundle(client, opts.conversion?.caBundle, undefined);
+          await client.request("POST", CRD_PATH, { body: withConversion(crd, ca, opts.conversion?.port) });
           break;
         }
         if (isConflict(err) && attempt < 5) continue;

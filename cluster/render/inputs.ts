@@ -97,8 +97,13 @@ export interface NodeUserObject {
 }
 
 export interface PackageDigest {
-  /** sha256:<hex> of the package's layer blob. */
+  /** sha256:<hex> of the package's image manifest (the digest Deckhouse's proxy takes). */
   digest: string;
+  /**
+   * sha256:<hex> of its layer blob, as the manifest names it: needed for packages served by a
+   * proxy that sends no manifest beside the blob (Deckhouse's registry-packages-proxy).
+   */
+  layer?: string;
   /** Repository the proxy pulls from; defaults to `<registry.path>/packages`. */
   repository?: string;
 }

@@ -68,7 +68,7 @@ function packageRefs(ctx: ClusterContext): RegistryPackageRef[] {
       if (!repository) {
         throw new RenderError("context", `packages.${name} has no repository and the context has no registry`);
       }
-      return { name, digest: p.digest, repository };
+      return { name, digest: p.digest, repository, ...(p.layer ? { layer: p.layer } : {}) };
     });
 }
 
@@ -357,6 +357,7 @@ export function renderGroup(ng: NodeGroupObject, inputs: RenderInputs, nowMs: nu
       "agent.package": agentRef.name,
       "agent.digest": agentRef.digest,
       "agent.repository": agentRef.repository,
+      ...(agentRef.layer ? { "agent.layer": agentRef.layer } : {}),
       "agent.version": ctx.agent.version,
       "cleanup_static_node.sh": cleanupScript,
     },

@@ -124,6 +124,7 @@ export function checkContext(c: ClusterContext): void {
   for (const [name, p] of Object.entries(c.packages ?? {})) {
     if (!PACKAGE_NAME.test(name)) throw bad(`packages: invalid package name '${name}'`);
     if (!DIGEST.test(p?.digest ?? "")) throw bad(`packages.${name}.digest must be sha256:<64 hex>`);
+    if (p.layer !== undefined && !DIGEST.test(p.layer)) throw bad(`packages.${name}.layer must be sha256:<64 hex>`);
     if (p.repository !== undefined && !SHELL_SAFE.test(p.repository)) {
       throw bad(`packages.${name}.repository '${p.repository}' has characters other than [A-Za-z0-9:./_-]`);
     }

@@ -18,6 +18,7 @@ import { writeChecksums } from "./checksums.ts";
 import { RenderLoop } from "./render-loop.ts";
 import { Metrics } from "./metrics.ts";
 import { serve, type RunningServer } from "./server.ts";
+import { providerPermanentGroups } from "./conversion-webhook.ts";
 import type { ListenerLimits } from "../listener-limits.ts";
 import { BundleStore } from "./store.ts";
 import { WatchHub } from "./watch.ts";
@@ -243,6 +244,7 @@ export async function startBundleServer(o: AppOptions): Promise<App> {
       reusePort: o.reusePort,
       limits: o.limits,
       fresh: gate ? freshness(store, gate, loop) : undefined,
+      conversion: kube ? { permanentGroups: () => providerPermanentGroups(kube) } : {},
     });
   } catch (err) {
     await Promise.all(leaderships.map((l) => l.stop()));

@@ -1,6 +1,8 @@
-// Manual bootstrap for Static and CloudStatic groups: Secret
-// d8-cloud-instance-manager/manual-bootstrap-for-<group> with bootstrap.sh, cloud-config and
-// apiserverEndpoints, carrying a bootstrap token made as Deckhouse makes them (label
+// Manual bootstrap for every group Deckhouse makes one for (all but CloudEphemeral, whose
+// machines get their cloud-config otherwise; dhctl reads CloudPermanent groups' cloud-config from
+// it): Secret d8-cloud-instance-manager/manual-bootstrap-for-<group> with bootstrap.sh,
+// cloud-config and apiserverEndpoints, the keys of Deckhouse's template
+// (nm/templates/node-group/_static_or_hybrid_secret.tpl), carrying a bootstrap token made as Deckhouse makes them (label
 // node-manager.deckhouse.io/node-group=<group>, extra group system:bootstrappers:d8-node-manager,
 // usable for authentication and signing) plus one more extra group,
 // system:bootstrappers:d8-node-manager:<group>, which scopes it: the bundle server lets it read
@@ -24,7 +26,23 @@ export const TOKEN_RENEW_BELOW_MS = 3 * 3600_000;
 const LEGACY_TOKEN_GROUP_LABEL = "bashible.deckhouse.io/bootstrap-token-for";
 const TOKEN_TYPE = "bootstrap.kubernetes.io/token";
 const MANAGED_LABEL = "bashible.deckhouse.io/manual-bootstrap";
-const MANUAL_TYPES = new Set(["Static", "CloudStatic"]);
+/** Deckhouse makes the Secret for every node type but CloudEphemeral (nm/templates/node-group/node-group.yaml). */
+const hasManualBootstrap = (nodeType: unknown) => nodeType !== "CloudEphemeral";
+/**
+ * Our labels on a Secret we write. One Deckhouse made (heritage=deckhouse, module=node-manager)
+ * is taken over: those two are replaced, so neither Deckhouse's tooling nor its module cleanup
+ * treats it as Deckhouse's; other labels stay.
+ */
+export function manualBootstrapLabels(group: string, existing: Record<string, string> = {}): Record<string, string> {
+  const { module, ...kept } = existing;
+  return {
+    ...kept,
+    ...(module && module !== "node-manager" ? { module } : {}),
+    heritage: "bashible",
+    [MANAGED_LABEL]: "true",
+    "node.deckhouse.io/group": group,
+  };
+}
 
 export const manualBootstrapSecretName = (group: string) => `${SECRETS.manualBootstrapPrefix}${group}`;
 
@@ -156,7 +174,7 @@ export async function reconcileBootstrapSecrets(
 ): Promise<void> {
   const namespace = opts.namespace ?? NAMESPACE;
   const wanted = inputs.nodeGroups
-    .filter((g) => MANUAL_TYPES.has(g.spec?.nodeType) && served.has(g.metadata.name))
+    .filter((g) => hasManualBootstrap(g.spec?.nodeType) && served.has(g.metadata.name))
     .map((g) => g.metadata.name);
   const tokens = await pruneExpiredTokens(client, opts.now, opts.log);
   for (const group of wanted) {
@@ -170,7 +188,7 @@ export async function reconcileBootstrapSecrets(
     } catch (err) {
       if (!isNotFound(err)) throw err;
     }
-    const labels = { [MANAGED_LABEL]: "true", "node.deckhouse.io/group": group };
+    const labels = manualBootstrapLabels(group, current?.metadata.labels);
     if (!current) {
       await createSecret(client, {
         apiVersion: "v1",
@@ -186,7 +204,13 @@ export async function reconcileBootstrapSecrets(
       continue;
     }
     const cur = (current.data ?? {}) as Record<string, string>;
-    if (Object.keys(encoded).every((k) => cur[k] === encoded[k])) continue;
+    const curLabels = current.metadata.labels ?? {};
+    const same =
+      Object.keys(cur).length === Object.keys(encoded).length &&
+      Object.keys(encoded).every((k) => cur[k] === encoded[k]) &&
+      Object.keys(labels).length === Object.keys(curLabels).length &&
+      Object.entries(labels).every(([k, v]) => curLabels[k] === v);
+    if (same) continue;
     await updateSecret(client, { ...current, metadata: { ...current.metadata, labels }, data: encoded });
     opts.log.info(
       { group, secret: `${namespace}/${name}`, expires: token.expiration },
@@ -204,7 +228,7 @@ export async function reconcileBootstrapSecrets(
     });
     opts.log.info(
       { group, secret: `${namespace}/${s.metadata.name}` },
-      "manual bootstrap Secret removed (group gone or not Static)",
+      "manual bootstrap Secret removed (group gone or now CloudEphemeral)",
     );
   }
 }

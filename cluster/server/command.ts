@@ -77,6 +77,11 @@ Inputs (one of):
                               refuses, changing nothing, if one exists that it did not install
                               (no label heritage=bashible, e.g. Deckhouse's)
       --force-crds            with --install-crds: replace such CRDs too
+      --conversion-ca-file FILE
+                              with --install-crds: the CA of this server's certificate, for the
+                              NodeGroup conversion webhook (POST /convert through Service
+                              bashible-api). Default: the caBundle the CRD or APIService
+                              v1alpha1.bashible.deckhouse.io already has
       --no-manage-secrets     with a cluster: a read-only replica: no Secrets, Events, controllers or
                               leader election; serves what it renders
 
@@ -119,6 +124,7 @@ See docs/cluster.md for the formats and the authorization model.`,
     "in-cluster": { type: "boolean" },
     "install-crds": { type: "boolean" },
     "force-crds": { type: "boolean" },
+    "conversion-ca-file": { type: "string" },
     "no-manage-secrets": { type: "boolean" },
     "no-controllers": { type: "boolean" },
     "reuse-port": { type: "boolean" },
@@ -166,9 +172,21 @@ See docs/cluster.md for the formats and the authorization model.`,
     const configDir = str("config-dir") ?? (kube ? undefined : asset("examples/cluster"));
     if (configDir && !existsSync(configDir)) throw new UsageError(`--config-dir ${configDir} does not exist`);
     if (v["force-crds"] && !v["install-crds"]) throw new UsageError("--force-crds goes with --install-crds");
+    if (v["conversion-ca-file"] && !v["install-crds"]) {
+      throw new UsageError("--conversion-ca-file goes with --install-crds");
+    }
     if (v["install-crds"]) {
       if (!kube) throw new UsageError("--install-crds needs --kubeconfig or --in-cluster");
-      await installCrds(kube, { force: v["force-crds"] === true });
+      const caFile = str("conversion-ca-file");
+      let caBundle: string | undefined;
+      if (caFile) {
+        try {
+          caBundle = await readFile(caFile, "utf8");
+        } catch (err) {
+          throw new UsageError(`--conversion-ca-file ${caFile}: ${(err as Error).message}`);
+        }
+      }
+      await installCrds(kube, { force: v["force-crds"] === true, conversion: caBundle ? { caBundle } : {} });
       log.info("CRDs installed");
     }
 

@@ -16,7 +16,10 @@ import {
   type ListenerLimits,
   refuseBody,
   tlsServerOptions,
+  CONVERSION_BODY_LIMITS,
+  type BodyLimits,
 } from "../listener-limits.ts";
+import { CONVERSION_PATH, handleConversion } from "./conversion-webhook.ts";
 
 export interface ServeOptions extends HandlerDeps {
   cert: Buffer;
@@ -29,6 +32,8 @@ export interface ServeOptions extends HandlerDeps {
   reusePort?: boolean;
   /** Connection cap and timeouts (cluster/listener-limits.ts); the defaults when not given. */
   limits?: Partial<ListenerLimits>;
+  /** The NodeGroup conversion webhook (POST /convert): its body bounds, and the permanent groups' lookup. */
+  conversion?: { limits?: BodyLimits; permanentGroups?: () => Promise<Set<string>> };
 }
 
 export interface RunningServer {
@@ -61,6 +66,20 @@ export async function serve(opts: ServeOptions): Promise<RunningServer> {
       // The HTTP/2 compatibility objects offer the same surface the handler uses.
       const req = h2req as unknown as IncomingMessage;
       const res = h2res as unknown as ServerResponse;
+      // The one route with a body: the API server posts ConversionReviews here (bounded there).
+      if (req.url === CONVERSION_PATH || req.url?.startsWith(`${CONVERSION_PATH}?`)) {
+        return void handleConversion(req, res, {
+          limits: opts.conversion?.limits ?? CONVERSION_BODY_LIMITS,
+          log,
+          ...(opts.conversion?.permanentGroups ? { permanentGroups: opts.conversion.permanentGroups } : {}),
+        }).catch((err: Error) => {
+          log.error({ err: err.message }, "conversion request failed");
+          if (!res.headersSent) {
+            res.writeHead(500, { "Content-Type": "text/plain" });
+            res.end(`conversion failed: ${err.message}`);
+          } else res.destroy();
+        });
+      }
       if (hasBody(req)) {
         return refuseBody(
           req,

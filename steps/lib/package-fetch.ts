@@ -1,9 +1,12 @@
 // Registry packages, fetched: one package's manifest and layer from the registry-packages proxy,
-// verified as they arrive. The digest names the package's image manifest, as in Deckhouse. The
-// proxy streams the last layer and sends the manifest beside it (header X-Package-Manifest);
-// the node verifies the chain: the manifest's bytes hash to the digest asked for, and the
-// layer's bytes hash to the digest the manifest names. Nothing unverified is ever renamed into
-// place. Used by 007_fetch_registry_packages, 080_setup_bashible_service (the agent's own
+// verified as they arrive. The digest names the package's image manifest, as in Deckhouse. Both
+// proxies answer GET /package?digest=<manifest digest>&repository=<repo> with the image's last
+// layer blob. This project's also sends the manifest beside it (header X-Package-Manifest): the
+// node then verifies the whole chain, the manifest's bytes hash to the digest asked for and the
+// layer's bytes to the digest the manifest names (and to the bundle's `layer`, when it names
+// one). Deckhouse's sends the blob alone: the node then verifies the blob against the layer
+// digest the bundle names, and refuses a package whose bundle names none (nothing ties the
+// bytes to the manifest digest then). Nothing unverified is ever renamed into place. Used by 007_fetch_registry_packages, 080_setup_bashible_service (the agent's own
 // package) and `bashible package install`.
 import { createHash } from "node:crypto";
 import type { HTTPError, RequestError } from "got";
@@ -42,7 +45,12 @@ export class PackageFetchError extends Error {
 const hexOf = (digest: string) => digest.slice("sha256:".length);
 const sha256 = (b: Buffer) => `sha256:${createHash("sha256").update(b).digest("hex")}`;
 
-async function* verify(source: AsyncIterable<Buffer>, digest: string, where: string): AsyncGenerator<Buffer> {
+async function* verify(
+  source: AsyncIterable<Buffer>,
+  digest: string,
+  where: string,
+  whose: "the manifest's layer" | "the bundle's layer",
+): AsyncGenerator<Buffer> {
   const hash = createHash("sha256");
   let bytes = 0;
   for await (const chunk of source) {
@@ -53,7 +61,7 @@ async function* verify(source: AsyncIterable<Buffer>, digest: string, where: str
   const got = `sha256:${hash.digest("hex")}`;
   if (got !== digest) {
     throw new PackageDigestError(
-      `${where}: the ${bytes} layer bytes received hash to ${got}, not ${digest} (the manifest's layer); refused`,
+      `${where}: the ${bytes} layer bytes received hash to ${got}, not ${digest} (${whose}); refused`,
     );
   }
 }
@@ -75,6 +83,32 @@ export function layerOf(manifestBytes: Buffer, digest: string, where: string): s
     throw new PackageDigestError(`${where}: the manifest names no layer (an image index? packages are single images)`);
   }
   return last;
+}
+
+/**
+ * The digest the blob must hash to: the manifest's layer when the proxy sent the manifest (and it
+ * must agree with the bundle's `layer`, when there is one), else the bundle's `layer`.
+ */
+export function expectedLayer(
+  header: string | string[] | undefined,
+  ref: RegistryPackageRef,
+  where: string,
+): { layer: string; whose: "the manifest's layer" | "the bundle's layer" } {
+  if (typeof header === "string") {
+    const layer = layerOf(Buffer.from(header, "base64"), ref.digest, where);
+    if (ref.layer && ref.layer !== layer) {
+      throw new PackageDigestError(
+        `${where}: the manifest names layer ${layer}, the bundle ${ref.layer}; refused (fix packages.${ref.name}.layer in the context Secret)`,
+      );
+    }
+    return { layer, whose: "the manifest's layer" };
+  }
+  if (ref.layer) return { layer: ref.layer, whose: "the bundle's layer" };
+  throw new PackageDigestError(
+    `${where}: the proxy sent no ${MANIFEST_HEADER} header (Deckhouse's registry-packages-proxy sends the blob alone) ` +
+      `and the bundle names no layer digest for the package, so the download cannot be verified; refused. ` +
+      `Set packages.${ref.name}.layer in the context Secret to the layer digest its manifest names, or serve packages with \`bashible packages-proxy\``,
+  );
 }
 
 type Got = typeof import("got");
@@ -146,16 +180,16 @@ export async function fetchPackage(host: Host, ctx: FetchContext, ref: RegistryP
         },
       );
       stream.on("error", () => undefined); // surfaced by the iteration below
-      const header = response.headers[MANIFEST_HEADER];
-      if (typeof header !== "string") {
+      let expected: { layer: string; whose: "the manifest's layer" | "the bundle's layer" };
+      try {
+        expected = expectedLayer(response.headers[MANIFEST_HEADER], ref, where);
+      } catch (err) {
         stream.destroy();
-        throw new PackageDigestError(
-          `${where}: the proxy sent no ${MANIFEST_HEADER} header, so the layer cannot be verified against the manifest digest; refused`,
-        );
+        throw err;
       }
-      const layer = layerOf(Buffer.from(header, "base64"), ref.digest, where);
+      const { layer, whose } = expected;
       await host.mkdir(dir, { mode: 0o700 });
-      await host.writeFileStream(archive, verify(stream, layer, where), { mode: 0o600 });
+      await host.writeFileStream(archive, verify(stream, layer, where, whose), { mode: 0o600 });
       ctx.log.info({ package: ref.name, digest: ref.digest, layer, endpoint }, "package downloaded and verified");
       return archive;
     } catch (err) {

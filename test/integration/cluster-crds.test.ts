@@ -5,6 +5,8 @@ import { withControlPlane } from "../../scripts/lib/control-plane-fixture.ts";
 import { ForeignCrdError, installCrds } from "../../cluster/crds/install.ts";
 import { bashible } from "../../scripts/lib/cli.ts";
 import { KubeStatusError } from "../../lib/kube/errors.ts";
+import { readFile } from "node:fs/promises";
+import { createCA } from "../../scripts/lib/pki.ts";
 
 const cp = await withControlPlane(t);
 await installCrds(cp.admin);
@@ -243,3 +245,66 @@ t.test("--install-crds refuses to replace a CRD it did not install, unless force
   const forced = await cp.admin.request<{ metadata: { labels: Record<string, string> } }>("GET", path);
   t.equal(forced.metadata.labels.heritage, "bashible", "replaced when forced");
 });
+
+t.test(
+  "taking over Deckhouse's NodeGroup CRD: every stored version stays served, conversion points here",
+  async (t) => {
+    const path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/nodegroups.deckhouse.io";
+    const deckhouseCA = await createCA(cp.dir, "deckhouse-webhook-ca", "deckhouse-webhook-handler");
+    const mine = await cp.admin.request<Obj & { metadata: Record<string, unknown> }>("GET", path);
+    const foreign = structuredClone(mine) as unknown as {
+      metadata: { labels: Record<string, string> };
+      spec: { conversion: { webhook: { clientConfig: Record<string, unknown> } } };
+    };
+    // As Deckhouse has it: its label, and conversion by its webhook-handler with that one's CA.
+    foreign.metadata.labels = { heritage: "deckhouse", module: "node-manager" };
+    foreign.spec.conversion.webhook.clientConfig = {
+      service: { namespace: "d8-system", name: "conversion-webhook-handler", path: "/", port: 443 },
+      caBundle: Buffer.from(await readFile(deckhouseCA.cert)).toString("base64"),
+    };
+    await cp.admin.request("PUT", path, { body: foreign });
+    // Objects were written in the old versions once: the API server keeps them in storedVersions.
+    const withStatus = await cp.admin.request<{ status: { storedVersions: string[] } }>("GET", path);
+    withStatus.status.storedVersions = ["v1alpha1", "v1alpha2", "v1"];
+    await cp.admin.request("PUT", `${path}/status`, { body: withStatus });
+
+    await installCrds(cp.admin, { force: true });
+    const taken = await cp.admin.request<{
+      metadata: { labels: Record<string, string> };
+      spec: {
+        versions: { name: string; served: boolean }[];
+        conversion: { webhook: { clientConfig: Record<string, unknown> } };
+      };
+      status: { storedVersions: string[] };
+    }>("GET", path);
+    t.equal(taken.metadata.labels.heritage, "bashible");
+    t.same(taken.status.storedVersions.sort(), ["v1", "v1alpha1", "v1alpha2"], "accepted with every stored version");
+    t.same(
+      taken.spec.versions
+        .filter((v) => v.served)
+        .map((v) => v.name)
+        .sort(),
+      ["v1", "v1alpha1", "v1alpha2"],
+    );
+    t.same(taken.spec.conversion.webhook.clientConfig.service, {
+      namespace: "d8-cloud-instance-manager",
+      name: "bashible-api",
+      path: "/convert",
+      port: 443,
+    });
+    t.notOk(taken.spec.conversion.webhook.clientConfig.caBundle, "Deckhouse's webhook CA is not kept");
+
+    const ours = await createCA(cp.dir, "bashible-conversion-ca", "bashible-server-ca");
+    const pem = await readFile(ours.cert, "utf8");
+    await installCrds(cp.admin, { conversion: { caBundle: pem } });
+    await installCrds(cp.admin);
+    const again = await cp.admin.request<{
+      spec: { conversion: { webhook: { clientConfig: { caBundle?: string } } } };
+    }>("GET", path);
+    t.equal(
+      again.spec.conversion.webhook.clientConfig.caBundle,
+      Buffer.from(pem).toString("base64"),
+      "ours, given once, survives a reinstall",
+    );
+  },
+);

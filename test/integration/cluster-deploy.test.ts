@@ -130,6 +130,45 @@ t.test("the Deployment's two replicas, as processes with its arguments and its S
 
   const yaml = await cp.kubectl(["get", "nodegroupbundles", "worker", "-o", "yaml"]);
   t.match(yaml, /kind: NodeGroupBundle/, "the aggregated API answers");
+
+  // The NodeGroup conversion webhook as deployed: the operator's caBundle patch (and here the
+  // processes' port), then a v1alpha2 Hybrid group the provider configuration lists reads as
+  // CloudPermanent, which needs the ServiceAccount to read that Secret.
+  const conversion = {
+    spec: {
+      conversion: {
+        webhook: {
+          clientConfig: { caBundle: Buffer.from(inputs.caPem).toString("base64"), service: { port } },
+        },
+      },
+    },
+  };
+  await cp.kubectl(["patch", "crd", "nodegroups.deckhouse.io", "--type=merge", "-p", JSON.stringify(conversion)]);
+  await cp.kubectl(["apply", "-f", "-"], {
+    input: JSON.stringify({
+      apiVersion: "v1",
+      kind: "List",
+      items: [
+        {
+          apiVersion: "v1",
+          kind: "Secret",
+          metadata: { name: "d8-provider-cluster-configuration", namespace: "kube-system" },
+          stringData: { "cloud-provider-cluster-configuration.yaml": "nodeGroups:\n- name: front\n" },
+        },
+        {
+          apiVersion: "deckhouse.io/v1alpha2",
+          kind: "NodeGroup",
+          metadata: { name: "front" },
+          spec: { nodeType: "Hybrid" },
+        },
+      ],
+    }),
+  });
+  t.equal(
+    await cp.kubectl(["get", "nodegroups.v1.deckhouse.io", "front", "-o", "jsonpath={.spec.nodeType}"]),
+    "CloudPermanent",
+    "converted by the deployed server under its ServiceAccount",
+  );
   const sum = await until("checksums written by the leader", async () => {
     const s = await getSecret(cp.admin, NS, SECRETS.checksums);
     const v = (s.data as Record<string, string> | undefined)?.worker;

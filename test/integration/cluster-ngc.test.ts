@@ -61,6 +61,22 @@ for (const [name, nodeType] of [
     spec: { nodeType },
   });
 }
+// The Secret Deckhouse's node-manager left for frontend, as its template makes it.
+await createSecret(cp.admin, {
+  apiVersion: "v1",
+  kind: "Secret",
+  type: "Opaque",
+  metadata: {
+    name: "manual-bootstrap-for-frontend",
+    namespace: NS,
+    labels: { heritage: "deckhouse", module: "node-manager", team: "infra" },
+  },
+  stringData: {
+    "bootstrap.sh": "#!/bin/bash\n# Deckhouse's\n",
+    "cloud-config": "#cloud-config\n",
+    apiserverEndpoints: "- 10.0.0.1:6443\n",
+  },
+});
 await ngc("hello.sh", {
   nodeGroups: ["*"],
   bundles: ["*"],
@@ -198,16 +214,51 @@ t.test("manual bootstrap tokens look like Deckhouse's and carry the group scope"
   );
   t.equal(data["usage-bootstrap-authentication"], "true");
   t.equal(data["usage-bootstrap-signing"], "true");
-  t.notOk(
-    await list(cp.admin, `/api/v1/namespaces/${NS}/secrets`, {
-      fieldSelector: "metadata.name=manual-bootstrap-for-frontend",
-    }).then((l) => l.items.length),
-    "none for CloudPermanent",
+  // Deckhouse's hook (order_bootstrap_token.go) writes these six keys, type bootstrap.kubernetes.io/token.
+  t.equal((token as { type?: string }).type, "bootstrap.kubernetes.io/token");
+  t.same(
+    Object.keys(data).sort(),
+    [
+      "auth-extra-groups",
+      "description",
+      "expiration",
+      "token-id",
+      "token-secret",
+      "usage-bootstrap-authentication",
+      "usage-bootstrap-signing",
+    ],
+    "Deckhouse's keys, and a description for kubeadm token list",
   );
+  t.match(data.expiration, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$/, "RFC 3339, as Go's time.RFC3339 writes it");
+  t.same(
+    Object.keys(s.data as object).sort(),
+    ["apiserverEndpoints", "bootstrap.sh", "cloud-config"],
+    "Deckhouse's keys",
+  );
+  t.equal((s as { type?: string }).type, "Opaque");
 
   const source = new KubeSource(cp.admin, log, { namespace: NS });
   t.equal(await source.tokenGroupOf(id!), "worker", "the server finds a token's group from its label");
   t.equal(await source.tokenGroupOf("zzzzzz"), undefined);
+});
+
+t.test("CloudPermanent groups get a manual-bootstrap Secret too, and Deckhouse's is taken over", async (t) => {
+  // As Deckhouse does (all but CloudEphemeral): dhctl reads a CloudPermanent group's cloud-config there.
+  const s = await until("Deckhouse's Secret rewritten", async () => {
+    const got = await getSecret(cp.admin, NS, "manual-bootstrap-for-frontend");
+    return got.metadata.labels?.heritage === "bashible" ? got : undefined;
+  });
+  const data = s.data as Record<string, string>;
+  t.same(Object.keys(data).sort(), ["apiserverEndpoints", "bootstrap.sh", "cloud-config"]);
+  const script = Buffer.from(data["bootstrap.sh"]!, "base64").toString();
+  t.notMatch(script, /Deckhouse's/, "the script is this server's");
+  t.match(script, /'[a-z0-9]{6}\.[a-z0-9]{16}'/, "with a token for frontend");
+  t.same(s.metadata.labels, {
+    heritage: "bashible",
+    team: "infra",
+    "bashible.deckhouse.io/manual-bootstrap": "true",
+    "node.deckhouse.io/group": "frontend",
+  });
 });
 
 t.test("expired bootstrap tokens are deleted, Deckhouse's and ours", async (t) => {

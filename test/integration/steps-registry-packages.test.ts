@@ -30,19 +30,23 @@ const REPO = "deckhouse/packages";
 
 interface Pkg extends RegistryPackageRef {
   manifest: Buffer;
-  layer: Buffer;
+  blob: Buffer;
+  /** The layer's digest, as the manifest names it. */
+  layerDigest: string;
 }
 
 async function pkg(name: string, version: string, extra = 0): Promise<Pkg> {
   const layer = await buildLayer(binaryPackage(name, version, extra));
-  const { digest, manifest } = await f.registry.pushPackage(`${REPO}/${name}`, version, layer);
-  return { name, digest, repository: `${REPO}/${name}`, manifest, layer };
+  const pushed = await f.registry.pushPackage(`${REPO}/${name}`, version, layer);
+  const { digest, manifest } = pushed;
+  return { name, digest, repository: `${REPO}/${name}`, manifest, blob: layer, layerDigest: pushed.layer };
 }
 
 const ref = (p: RegistryPackageRef): RegistryPackageRef => ({
   name: p.name,
   digest: p.digest,
   repository: p.repository,
+  ...(p.layer ? { layer: p.layer } : {}),
 });
 
 const bundleStep = (packages: RegistryPackageRef[]): BundleStep => ({
@@ -147,7 +151,7 @@ t.test("a tampered package is refused and the installed version stays", async (t
   const v1 = await pkg("tamperme", "1");
   await converge(env, [v1]);
   const v2 = await pkg("tamperme", "2", 32 << 10);
-  const { layer } = await f.registry.pushPackage(`${REPO}/tamperme`, "2", v2.layer);
+  const { layer } = await f.registry.pushPackage(`${REPO}/tamperme`, "2", v2.blob);
   const fh = await open(f.registry.blobPath(layer), "r+");
   await fh.write(Buffer.from("evil bytes here!"), 0, 16, 2000);
   await fh.close();
@@ -166,7 +170,7 @@ async function liar(
   mode: "truncate" | "wrong-bytes" | "stall" | "no-manifest" | "wrong-manifest",
   p: Pkg,
 ): Promise<string> {
-  const body = p.layer;
+  const body = p.blob;
   const srv = https.createServer(f.tls, (_req, res) => {
     const manifest =
       mode === "no-manifest"
@@ -236,6 +240,100 @@ t.test("the node verifies the chain itself: manifest against the digest, layer a
     t.equal(await run(env, "lied"), "1", `${mode}: the installed version stays`);
   }
 });
+
+/**
+ * A proxy as Deckhouse's registry-packages-proxy answers (go_lib/registry-packages-proxy/proxy):
+ * GET /package?digest=<manifest digest>&repository=<repo> with a bearer token → the image's last
+ * layer blob, Content-Type application/x-gzip, Content-Length, ETag "<digest>", and no manifest.
+ * `tamper` flips a byte of the blob it sends.
+ */
+async function deckhouseProxy(t: Test, pkgs: Pkg[], opts: { tamper?: boolean } = {}): Promise<string> {
+  const srv = https.createServer(f.tls, (req, res) => {
+    const url = new URL(req.url ?? "/", "https://proxy");
+    const p = pkgs.find((x) => x.digest === url.searchParams.get("digest"));
+    if (url.pathname !== "/package" || req.headers.authorization !== `Bearer ${f.token}`) {
+      res.writeHead(url.pathname === "/package" ? 401 : 404).end();
+      return;
+    }
+    if (!p || url.searchParams.get("repository") !== p.repository) return void res.writeHead(404).end("not found");
+    const blob = Buffer.from(p.blob);
+    if (opts.tamper) blob[blob.length >> 1] = (blob[blob.length >> 1] ?? 0) ^ 0xff;
+    res.writeHead(200, {
+      "Content-Type": "application/x-gzip",
+      "Content-Disposition": `attachment; filename=${p.digest}.tar.gz`,
+      "Content-Length": String(blob.length),
+      ETag: `"${p.digest}"`,
+    });
+    res.end(blob);
+  });
+  await new Promise<void>((r) => srv.listen(0, "127.0.0.1", r));
+  t.teardown(
+    () =>
+      new Promise<void>((r) => {
+        srv.close(() => r());
+        srv.closeAllConnections();
+      }),
+  );
+  return `127.0.0.1:${(srv.address() as AddressInfo).port}`;
+}
+
+const withLayer = (p: Pkg): Pkg => ({ ...p, layer: p.layerDigest });
+
+t.test(
+  "through Deckhouse's proxy (the blob alone) a package is verified against the bundle's layer and installed",
+  async (t) => {
+    const env = await stepEnv(t);
+    const v1 = withLayer(await pkg("dh", "1"));
+    const { status } = await converge(env, [v1], [await deckhouseProxy(t, [v1])]);
+    t.equal(status.outcome, "changed", status.error ?? "");
+    t.equal(await run(env, "dh"), "1");
+    t.equal((await readFile(path.join(env.root, STORE, "dh/digest"), "utf8")).trim(), v1.digest);
+  },
+);
+
+t.test("a tampered blob from Deckhouse's proxy is refused and nothing is installed", async (t) => {
+  const env = await stepEnv(t);
+  const p = withLayer(await pkg("dhbad", "1", 64 << 10));
+  const { status } = await converge(env, [p], [await deckhouseProxy(t, [p], { tamper: true })]);
+  t.equal(status.outcome, "failed");
+  t.match(
+    status.error,
+    new RegExp(
+      `layer bytes received hash to sha256:[0-9a-f]{64}, not ${p.layerDigest} \\(the bundle's layer\\); refused`,
+    ),
+  );
+  t.notMatch(status.error, f.token, "the token is not in the error");
+  t.same(await readdir(path.join(env.root, STORE)).catch(() => []), [], "nothing installed");
+  t.same(await readdir(path.join(env.root, DOWNLOADS, "dhbad")).catch(() => []), [], "nothing half-downloaded");
+  await t.rejects(run(env, "dhbad"), "no binary on the node");
+});
+
+t.test("without a layer digest in the bundle, Deckhouse's proxy's blob is refused, naming what to set", async (t) => {
+  const env = await stepEnv(t);
+  const p = await pkg("dhnolayer", "1");
+  const { status } = await converge(env, [p], [await deckhouseProxy(t, [p])]);
+  t.equal(status.outcome, "failed");
+  t.match(status.error, /sent no x-package-manifest header .*Set packages\.dhnolayer\.layer in the context Secret/s);
+  t.same(await readdir(path.join(env.root, STORE)).catch(() => []), [], "nothing installed");
+});
+
+t.test(
+  "with the manifest sent, a bundle layer that disagrees with it is refused (the stronger check stays)",
+  async (t) => {
+    const env = await stepEnv(t);
+    const p = await pkg("mismatch", "1");
+    const other = await pkg("mismatch-other", "1", 1024);
+    const { status } = await converge(env, [{ ...p, layer: other.layerDigest }]);
+    t.equal(status.outcome, "failed");
+    t.match(
+      status.error,
+      new RegExp(`the manifest names layer ${p.layerDigest}, the bundle ${other.layerDigest}; refused`),
+    );
+    const ok = await converge(env, [withLayer(p)]);
+    t.equal(ok.status.outcome, "changed", "with the right layer named, our proxy's package installs");
+    t.equal(await run(env, "mismatch"), "1");
+  },
+);
 
 t.test("endpoints are tried in turn: a dead proxy does not stop the install", async (t) => {
   const env = await stepEnv(t);

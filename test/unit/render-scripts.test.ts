@@ -129,3 +129,46 @@ t.test("cleanup removes the agent's restart unit and CAs, and reboots when it sa
   t.match(s, /setsid -f sh -c 'sleep 5; shutdown -r now'/);
   t.notMatch(s, /^\s*shutdown -r -t/m, "systemd's shutdown ignores -t and waits a minute");
 });
+
+t.test(
+  "phase 2 verifies the agent package from either proxy: the manifest chain, or the layer bashibles names",
+  async (t) => {
+    const { createHash } = await import("node:crypto");
+    const sha = (b: Buffer | string) => `sha256:${createHash("sha256").update(b).digest("hex")}`;
+    const lines = scripts["bootstrap-phase2.sh"]!.split("\n");
+    const start = lines.findIndex((l) => l.startsWith("check_package() {"));
+    t.ok(start >= 0, "the script defines check_package()");
+    const fn = lines.slice(start, lines.indexOf("}", start) + 1).join("\n");
+    const blob = Buffer.from("the agent package's layer");
+    const manifest = JSON.stringify({ schemaVersion: 2, layers: [{ digest: sha(blob) }] });
+    const files = {
+      blob: path.join(tmp, "blob"),
+      tampered: path.join(tmp, "tampered"),
+      withManifest: path.join(tmp, "headers-ours"),
+      bare: path.join(tmp, "headers-deckhouse"),
+    };
+    await writeFile(files.blob, blob);
+    await writeFile(files.tampered, Buffer.concat([blob, Buffer.from("!")]));
+    const b64 = Buffer.from(manifest).toString("base64");
+    await writeFile(files.withManifest, `HTTP/1.1 200 OK\r\nX-Package-Manifest: ${b64}\r\nContent-Length: 25\r\n\r\n`);
+    await writeFile(files.bare, `HTTP/1.1 200 OK\r\nContent-Type: application/x-gzip\r\nContent-Length: 25\r\n\r\n`);
+    const check = async (headers: string, body: string, layerWanted: string) => {
+      const probe = `set -Eeuo pipefail; PKG=bashible; DIGEST='${sha(manifest)}'; LAYER_WANTED='${layerWanted}'\n${fn}\ncheck_package '${headers}' '${body}' '${tmp}/manifest'`;
+      return run("bash", ["-c", probe]).then(
+        () => ({ ok: true, stderr: "" }),
+        (err: { stderr: string }) => ({ ok: false, stderr: err.stderr }),
+      );
+    };
+    t.same(await check(files.withManifest, files.blob, ""), { ok: true, stderr: "" }, "our proxy: the manifest chain");
+    t.same(await check(files.bare, files.blob, sha(blob)), { ok: true, stderr: "" }, "Deckhouse's: the named layer");
+    const tampered = await check(files.bare, files.tampered, sha(blob));
+    t.notOk(tampered.ok, "a tampered layer from Deckhouse's proxy is refused");
+    t.match(tampered.stderr, new RegExp(`the layer received has sha256:[0-9a-f]{64}, expected ${sha(blob)}`));
+    const unnamed = await check(files.bare, files.blob, "");
+    t.notOk(unnamed.ok, "no manifest and no named layer: refused");
+    t.match(unnamed.stderr, /sent no X-Package-Manifest header .*set packages\.bashible\.layer in the context Secret/);
+    const disagree = await check(files.withManifest, files.blob, sha("another layer"));
+    t.notOk(disagree.ok, "a named layer the manifest contradicts is refused");
+    t.match(disagree.stderr, /the manifest names layer sha256:[0-9a-f]{64}, bashibles\/worker sha256:/);
+  },
+);

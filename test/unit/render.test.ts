@@ -9,6 +9,7 @@ import { RenderError } from "../../cluster/render/errors.ts";
 import type { NodeGroupObject, RenderInputs } from "../../cluster/render/inputs.ts";
 import { EPOCH_SECONDS, updateEpoch, nextEpochChangeMs } from "../../cluster/render/update-epoch.ts";
 import { bundleChecksum } from "../../bundles/checksum.ts";
+import { acceptBundle } from "../../bundles/verify.ts";
 
 const EXAMPLE = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../../examples/cluster");
 const loaded = await loadConfigDir(EXAMPLE);
@@ -348,3 +349,19 @@ t.test(
     t.same(names, [...names].sort(), "ordered by name");
   },
 );
+
+t.test("a package's layer digest from the context reaches the bundle, which the agent accepts", async (t) => {
+  const i = inputs();
+  const layer = `sha256:${"ab".repeat(32)}`;
+  i.context.packages.containerd = { ...i.context.packages.containerd!, layer };
+  const r = render(i);
+  const refs = step(r, "RegistryPackages").spec.packages;
+  t.equal(refs.find((p) => p.name === "containerd")?.layer, layer);
+  t.notOk(
+    refs.some((p) => p.name !== "containerd" && "layer" in p),
+    "a package without one carries none",
+  );
+  t.doesNotThrow(() => acceptBundle(Buffer.from(serialize(r.bundle)), "test"));
+  i.context.packages.containerd = { ...i.context.packages.containerd!, layer: "sha256:short" };
+  t.throws(() => render(i), /packages\.containerd\.layer must be sha256:<64 hex>/);
+});
