@@ -184,6 +184,9 @@ current-context: kubelet@d8
 
 t.test("the daemon switches from the bootstrap token to kubelet.conf when it appears", async (t) => {
   const n = await kubeletNode("api-7");
+  // A machine still joining has no Node yet (the kubelet registers it once it has its
+  // certificate); one that exists would be another machine's name, which the join refuses.
+  await cp.kubectl(["delete", "node", "api-7"]);
   const token = await cp.mintBootstrapToken({ extraGroups: ["system:bootstrappers:d8-node-manager:worker"] });
   await writeFile(path.join(n.root, "var/lib/bashible/bootstrap-token"), token);
   await writeFile(path.join(n.root, "var/lib/bashible/ca.crt"), await readFile(cp.ca.cert));
@@ -201,8 +204,15 @@ t.test("the daemon switches from the bootstrap token to kubelet.conf when it app
   ]);
   let out = "";
   d.stdout?.on("data", (c) => (out += c));
+  d.stderr?.on("data", (c) => (out += c));
   t.teardown(() => void d.kill("SIGKILL"));
-  await waitFor("a converge with the token", async () => ((await applied(n.root)) ? true : undefined), 20_000);
+  // A first converge of every step: seconds, more on a loaded machine; the daemon's log is
+  // quoted if it never comes.
+  await waitFor("a converge with the token", async () => ((await applied(n.root)) ? true : undefined), 90_000).catch(
+    (err: Error) => {
+      throw new Error(`${err.message}; the daemon said:\n${out.slice(-4000)}`);
+    },
+  );
   // The kubelet came up: its kubeconfig appears (here the node identity the fixture minted).
   await mkdir(path.join(n.root, "etc/kubernetes"), { recursive: true });
   const id = path.dirname(n.kubeconfig);
