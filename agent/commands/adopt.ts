@@ -51,6 +51,10 @@ const hooks: AdoptHooks = {
         }),
 };
 
+/** Services adoption restarted, but this agent's own (revert stops those). */
+const others = (units: string[]) =>
+  [...new Set(units)].filter((u) => u !== UNITS.agent && u !== UNITS.agentRestart && u !== UNITS.apiProxy);
+
 const adoptCommand: Command = {
   summary: "take over a node Deckhouse's bashible set up (--plan shows what changes, --yes adopts, --revert goes back)",
   usage: "--plan | --yes | --revert [--root DIR] [--bundle FILE|DIR] [options]",
@@ -101,6 +105,12 @@ ${CONVERGE_HELP}`,
     const recognition = await recognize(host);
 
     if (mode === "revert") {
+      if (recognition.record?.state === "reverted") {
+        stdout(
+          `already reverted at ${recognition.record.revertedAt}: Deckhouse's ${DECKHOUSE.timer} runs this node; nothing to do\n`,
+        );
+        return EXIT.ok;
+      }
       try {
         const r = await revert(root, log);
         stdout(
@@ -108,9 +118,9 @@ ${CONVERGE_HELP}`,
             `reverted: ${UNITS.agent} stopped and disabled, ${DECKHOUSE.timer} enabled and started`,
             ...(r.restored.length ? [`restored Deckhouse's files: ${r.restored.join(", ")}`] : []),
             ...(r.removed.length ? [`removed what adoption created: ${r.removed.join(", ")}`] : []),
-            ...(r.record.restarted.length
+            ...(others(r.record.restarted).length
               ? [
-                  `still running with this agent's settings until they restart: ${[...new Set(r.record.restarted)].join(", ")} (Deckhouse's next run restarts what it changes)`,
+                  `still running with this agent's settings until they restart: ${others(r.record.restarted).join(", ")} (Deckhouse's next run restarts what it changes)`,
                 ]
               : []),
             `the record stays in ${ADOPTION.record} (state reverted), the copies in ${ADOPTION.saved}`,
