@@ -8,7 +8,11 @@ import { osProfile } from "../../agent/converge/converge.ts";
 import { recognize } from "../../agent/adopt/recognize.ts";
 import { RecordError } from "../../agent/adopt/record.ts";
 import { type AdoptionPlan, formatAdoptionPlan, refusal } from "../../agent/adopt/adopt.ts";
-import { ADOPTION, DECKHOUSE } from "../../bundles/deckhouse-node.ts";
+import { ADOPTION, DECKHOUSE, DECKHOUSE_ONLY_PATHS, DECKHOUSE_ONLY_UNITS } from "../../bundles/deckhouse-node.ts";
+import { spawnSync } from "node:child_process";
+import { loadConfigDir } from "../../cluster/sources/directory.ts";
+import { renderGroup } from "../../cluster/render/render.ts";
+import type { NodeGroupObject, RenderInputs } from "../../cluster/render/inputs.ts";
 import { sandbox } from "../../scripts/lib/bundle.ts";
 import { DECKHOUSE_CHECKSUM, layDeckhouseWorker } from "../fixtures/deckhouse-node.ts";
 
@@ -142,4 +146,19 @@ t.test("the plan text lists the units stopped, the files saved, the restarts and
     }),
     /064_configure_kubelet: boom: these steps cannot be planned/,
   );
+});
+
+t.test("cleanup_static_node.sh also removes what Deckhouse left on an adopted node", async (t) => {
+  const EXAMPLE = path.resolve(import.meta.dirname, "../../examples/cluster");
+  const base = (await loadConfigDir(EXAMPLE)).snapshot.inputs as RenderInputs;
+  const ng = structuredClone(base.nodeGroups.find((g) => g.metadata.name === "worker")!) as NodeGroupObject;
+  const r = renderGroup(ng, { ...structuredClone(base), nodeGroups: [ng] }, Date.parse("2026-01-01T00:00:00Z"));
+  const script = (r.bashible.data as Record<string, string>)["cleanup_static_node.sh"]!;
+  t.equal(spawnSync("bash", ["-n"], { input: script }).status, 0, "bash reads it");
+  const units = script.match(/^UNITS=\((.*)\)$/m)?.[1]?.split(" ") ?? [];
+  for (const u of [...DECKHOUSE_ONLY_UNITS, "bashible.timer", "sysctl-tuner.timer", "sysctl-tuner.service"])
+    t.ok(units.includes(u), `${u} stopped, disabled and removed`);
+  for (const p of DECKHOUSE_ONLY_PATHS) t.match(script, new RegExp(`^  ${p}$`, "m"), `${p} removed`);
+  t.match(script, `if [[ "$(id -u deckhouse 2>/dev/null)" == "64535" ]]`, "the deckhouse user, by its id");
+  t.match(script, 'find "$p" -xdev -mindepth 1 -delete', "a path on a volume of its own is wiped on it");
 });
