@@ -5,7 +5,8 @@
 // nothing; --revert puts Deckhouse's files and timer back. Under --root the units are not run:
 // enablement is real (systemctl --root), starts and stops land in sandbox-actions.log.
 import t, { type Test } from "tap";
-import { lstat, mkdir, readFile, rm, writeFile } from "node:fs/promises";
+import { copyFile, lstat, mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import os from "node:os";
 import { existsSync } from "node:fs";
 import path from "node:path";
 import { bashible } from "../../scripts/lib/cli.ts";
@@ -15,6 +16,7 @@ import { ADOPTION, DECKHOUSE } from "../../bundles/deckhouse-node.ts";
 import { PATHS } from "../../bundles/paths.ts";
 import type { AdoptionRecord } from "../../agent/adopt/record.ts";
 import { requireRoot } from "../fixtures/root.ts";
+import { createCA } from "../../scripts/lib/pki.ts";
 import { layDeckhouseWorker, SERVICE, TIMER } from "../fixtures/deckhouse-node.ts";
 
 await requireRoot("the agent sets root ownership on what it writes");
@@ -169,5 +171,99 @@ t.test(
     // Given back, the node is Deckhouse's again: it can be adopted anew.
     const replan = await bashible(["adopt", "--plan", ...args]);
     t.equal(replan.status, 2, replan.stderr);
+  },
+);
+
+const KUBELET = path.join(process.env.BASHIBLE_TEST_CACHE ?? "/var/cache/bashible-test", "k8s-v1.34.4/kubelet");
+
+t.test(
+  "the kubelet over Deckhouse's: its drop-in removed in the plan, one restart, its certificates and kubeconfig kept",
+  { skip: !existsSync(KUBELET) && `needs ${KUBELET} (scripts/test-binaries.sh)` },
+  async (t) => {
+    const { root, bundle } = await worker(t);
+    const work = await mkdtemp(path.join(os.tmpdir(), "adopt-kubelet-"));
+    t.teardown(() => rm(work, { recursive: true, force: true }));
+    const ca = await readFile((await createCA(work, "cluster-ca")).cert, "utf8");
+    // Deckhouse's kubelet binary is the real one; its package digest as Deckhouse's packages record it.
+    await rm(path.join(root, PATHS.binDir, "kubelet"));
+    await copyFile(KUBELET, path.join(root, PATHS.binDir, "kubelet"));
+    await mkdir(path.join(root, PATHS.packageStore, "kubelet"), { recursive: true });
+    await writeFile(path.join(root, PATHS.packageStore, "kubelet/digest"), `sha256:${"1".repeat(64)}\n`);
+    await writeFile(path.join(root, "etc/kubernetes/pki/ca.crt"), ca);
+    const kubelet = {
+      name: "064_configure_kubelet",
+      kind: "Kubelet",
+      spec: {
+        cgroupDriver: "systemd",
+        clusterDNS: ["10.222.0.10"],
+        clusterDomain: "cluster.local",
+        maxPods: 110,
+        containerLogMaxSize: "50Mi",
+        containerLogMaxFiles: 4,
+        nodeStatusUpdateFrequencySeconds: 10,
+        providerID: "static://",
+        resourceReservation: { mode: "Off" },
+        featureGates: {},
+        registerLabels: { "node.deckhouse.io/group": "worker", "node.deckhouse.io/type": "Static" },
+        registerTaints: [{ key: "node.deckhouse.io/uninitialized", effect: "NoSchedule" }],
+        apiServer: "https://127.0.0.1:6445",
+        package: "kubelet",
+      },
+    };
+    const base = JSON.parse(await readFile(bundle, "utf8"));
+    const b = makeBundle([...base.steps, kubelet] as never, { context: { clusterCA: ca } });
+    await writeFile(bundle, JSON.stringify(b));
+    const args = ["--root", root, "--bundle", bundle, "--node-name", NODE];
+    const certs = ["/var/lib/kubelet/pki/kubelet-client-2026-11-01-10-00-00.pem", "/etc/kubernetes/kubelet.conf"];
+    const before = await Promise.all(certs.map((c) => readFile(path.join(root, c), "utf8")));
+
+    const plan = await bashible(["adopt", "--plan", ...args]);
+    t.equal(plan.status, 2, plan.stderr.slice(-3000));
+    t.match(plan.stdout, `delete ${DECKHOUSE.kubeletDropIn}`, "Deckhouse's drop-in goes");
+    t.match(plan.stdout, "-ExecStart=/opt/deckhouse/bin/d8-kubelet-forker /opt/deckhouse/bin/kubelet \\");
+    t.match(
+      plan.stdout,
+      new RegExp(`services that would restart: .*kubelet\\.service \\(restart: [^)]*${DECKHOUSE.kubeletDropIn}`),
+    );
+    t.match(plan.stdout, `    ${DECKHOUSE.kubeletDropIn}\n`, "and is saved first");
+    for (const c of certs) t.notMatch(plan.stdout, `    ${c}\n`, `${c} is not among what changes`);
+
+    const r = await bashible(["adopt", "--yes", ...args]);
+    t.equal(r.status, 0, r.stderr.slice(-3000));
+    t.notOk(existsSync(path.join(root, DECKHOUSE.kubeletDropIn)), "the drop-in is gone");
+    const rec = await record(root);
+    const copy = rec.saved.find((s) => s.path === DECKHOUSE.kubeletDropIn)?.copy;
+    t.match(
+      await readFile(path.join(root, copy ?? "/nonexistent"), "utf8"),
+      "--node-labels=node.deckhouse.io/group=worker",
+    );
+    t.same(
+      await Promise.all(certs.map((c) => readFile(path.join(root, c), "utf8"))),
+      before,
+      "certificate and kubeconfig as they were",
+    );
+    t.equal(
+      (await actions(root)).filter((a) => a === "systemctl restart kubelet.service").length,
+      1,
+      "one kubelet restart",
+    );
+
+    const back = await bashible(["adopt", "--revert", "--root", root]);
+    t.equal(back.status, 0, back.stderr);
+    t.match(
+      await readFile(path.join(root, DECKHOUSE.kubeletDropIn), "utf8"),
+      "d8-kubelet-forker",
+      "the drop-in is back",
+    );
+    t.notOk(
+      existsSync(path.join(root, "etc/systemd/system/kubelet.service")),
+      "this agent's kubelet unit is gone: the package's serves again",
+    );
+    t.match(
+      back.stdout,
+      "still running with this agent's settings until they restart: ",
+      "and it says the kubelet runs on",
+    );
+    t.match(back.stdout, "kubelet.service");
   },
 );
