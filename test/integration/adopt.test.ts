@@ -17,6 +17,7 @@ import { PATHS } from "../../bundles/paths.ts";
 import type { AdoptionRecord } from "../../agent/adopt/record.ts";
 import { requireRoot } from "../fixtures/root.ts";
 import { createCA } from "../../scripts/lib/pki.ts";
+import { NGINX } from "../../steps/kubernetes-api-proxy.ts";
 import { layDeckhouseWorker, SERVICE, TIMER } from "../fixtures/deckhouse-node.ts";
 
 await requireRoot("the agent sets root ownership on what it writes");
@@ -265,5 +266,52 @@ t.test(
       "and it says the kubelet runs on",
     );
     t.match(back.stdout, "kubelet.service");
+  },
+);
+
+const NGINX_FILES = [NGINX.debian.binary, NGINX.debian.streamModule];
+
+t.test(
+  "a bundle that runs the API proxy moves Deckhouse's static pod aside; revert puts it back",
+  { skip: NGINX_FILES.some((f) => !existsSync(f)) && "needs nginx-light and libnginx-mod-stream" },
+  async (t) => {
+    const { root, bundle } = await worker(t);
+    for (const p of NGINX_FILES) {
+      await mkdir(path.dirname(path.join(root, p)), { recursive: true });
+      await copyFile(p, path.join(root, p));
+    }
+    const proxy = {
+      name: "000_configure_kubernetes_api_proxy",
+      kind: "KubernetesApiProxy",
+      spec: { listen: "127.0.0.1:6445", upstreams: ["10.213.0.1:6443"] },
+    };
+    const base = JSON.parse(await readFile(bundle, "utf8"));
+    await writeFile(bundle, JSON.stringify(makeBundle([...base.steps, proxy] as never)));
+    const args = ["--root", root, "--bundle", bundle, "--node-name", NODE];
+    const manifest = path.join(root, DECKHOUSE.apiProxyManifest);
+    const original = await readFile(manifest, "utf8");
+
+    const plan = await bashible(["adopt", "--plan", ...args]);
+    t.equal(plan.status, 2, plan.stderr.slice(-2000));
+    t.match(plan.stdout, `move ${DECKHOUSE.apiProxyManifest} to ${ADOPTION.saved}${DECKHOUSE.apiProxyManifest}`);
+    t.ok(existsSync(manifest), "--plan moved nothing");
+
+    const r = await bashible(["adopt", "--yes", ...args]);
+    t.equal(r.status, 0, r.stderr.slice(-2000));
+    t.notOk(existsSync(manifest), "the kubelet's manifest is gone: it stops Deckhouse's proxy pod");
+    t.equal(await readFile(path.join(root, ADOPTION.saved, DECKHOUSE.apiProxyManifest), "utf8"), original);
+    t.match((await record(root)).movedManifest, { path: DECKHOUSE.apiProxyManifest });
+    t.ok(await linked(root, "kubernetes-api-proxy.service"), "this agent's proxy unit takes its place");
+
+    const back = await bashible(["adopt", "--revert", "--root", root]);
+    t.equal(back.status, 0, back.stderr);
+    t.equal(await readFile(manifest, "utf8"), original, "the static pod is back");
+    t.notOk(await linked(root, "kubernetes-api-proxy.service"), "and the unit is off");
+    const acts = await actions(root);
+    t.ok(
+      acts.lastIndexOf("systemctl stop kubernetes-api-proxy.service") <
+        acts.lastIndexOf("systemctl start bashible.timer"),
+      "the unit stops before Deckhouse's timer comes back",
+    );
   },
 );
