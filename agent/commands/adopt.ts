@@ -58,28 +58,31 @@ const others = (units: string[]) =>
 const adoptCommand: Command = {
   summary: "take over a node Deckhouse's bashible set up (--plan shows what changes, --yes adopts, --revert goes back)",
   usage: "--plan | --yes | --revert [--root DIR] [--bundle FILE|DIR] [options]",
-  help: `Recognises a node Deckhouse's bashible manages (${DECKHOUSE.entry} and ${DECKHOUSE.bundleSteps},
-${DECKHOUSE.timer}, its kubelet with its certificates and ${DECKHOUSE.kubeletDropIn},
-containerd's config and conf.d, /opt/deckhouse/bin, the sysctl tuner and d8-* units, the API
-proxy) and takes it over in place: the Node object, the kubelet's certificates and the running
-pods stay.
+  help: `Recognises a node Deckhouse's bashible manages:
+  ${DECKHOUSE.entry} and ${DECKHOUSE.bundleSteps}, ${DECKHOUSE.timer},
+  the kubelet with its certificates and ${DECKHOUSE.kubeletDropIn},
+  containerd's config and conf.d, /opt/deckhouse/bin, the sysctl tuner and d8-* units, the API
+  proxy; and takes it over in place: the Node object, the kubelet's certificates and the running
+  pods stay.
 
-      --plan              show what adopting would change and change nothing: the node's
-                          Deckhouse files found, the units stopped, the files saved, the
-                          services that would restart, and 'bashible plan' for the node's bundle
-                          over what Deckhouse left (diffs). Exit 2: adopting would change the node
+      --plan              show what adopting would change, and change nothing: what was found,
+                          the units stopped, the files saved, the services that would restart,
+                          and 'bashible plan' for the node's bundle over what Deckhouse left
+                          (diffs). Exit 2: adopting would change the node
       --yes               adopt: stop and disable ${DECKHOUSE.timer} (a Deckhouse run in progress
                           is waited for), save a copy of every Deckhouse file the converge
-                          changes under ${ADOPTION.saved}, move the API proxy's static pod
-                          aside, record all of it in ${ADOPTION.record}, then converge. Run
-                          again on an adopted node: says so and changes nothing; on an
-                          interrupted one: resumes
-      --revert            give the node back: stop ${UNITS.agent}, put Deckhouse's saved files and
-                          the static pod back, remove the files adoption created, re-enable
-                          ${DECKHOUSE.timer}
+                          changes, move the API proxy's static pod aside when the bundle runs
+                          the proxy, record it all, then converge. Again on an adopted node:
+                          says so and changes nothing; on an interrupted one: resumes
+      --revert            give the node back: stop ${UNITS.agent}, put Deckhouse's saved files
+                          and the static pod back, remove the files adoption created, enable
+                          and start ${DECKHOUSE.timer}
 
-Without one of them it refuses. A node that is neither Deckhouse's nor this agent's is refused.
---yes and --revert need root.
+The record: ${ADOPTION.record}
+The copies: ${ADOPTION.saved}/<node path>
+
+Without one of the three it refuses. A node that is neither Deckhouse's nor this agent's is
+refused. --yes and --revert need root.
 
 Exit: 0 done (or nothing to do), 1 refused or failed, 2 (--plan) adopting would change the node.
 
