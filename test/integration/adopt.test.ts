@@ -10,7 +10,7 @@ import os from "node:os";
 import { existsSync } from "node:fs";
 import path from "node:path";
 import { bashible } from "../../scripts/lib/cli.ts";
-import { makeBundle, sandbox, treeHash, writeBundle } from "../../scripts/lib/bundle.ts";
+import { makeBundle, sandbox, script, treeHash, writeBundle } from "../../scripts/lib/bundle.ts";
 import { sysctlTuner } from "../../bundles/steps/sysctl-tuner.ts";
 import { ADOPTION, DECKHOUSE } from "../../bundles/deckhouse-node.ts";
 import { PATHS } from "../../bundles/paths.ts";
@@ -313,5 +313,41 @@ t.test(
         acts.lastIndexOf("systemctl start bashible.timer"),
       "the unit stops before Deckhouse's timer comes back",
     );
+  },
+);
+
+t.test(
+  "an adoption whose converge fails stays resumable: the timer off, Deckhouse's copies kept as they were",
+  async (t) => {
+    const { root, bundle } = await worker(t);
+    const base = JSON.parse(await readFile(bundle, "utf8"));
+    // A script step runs on this machine, not under --root: its switch is a file of the test's own.
+    const fixed = `${root}.fixed`;
+    t.teardown(() => rm(fixed, { force: true }));
+    const failing = script("090_fails_until_fixed", `test -e ${fixed} || { echo 'not yet' >&2; exit 1; }\n`);
+    await writeFile(bundle, JSON.stringify(makeBundle([...base.steps, failing] as never)));
+    const args = ["--root", root, "--bundle", bundle, "--node-name", NODE, "--max-retries", "1"];
+
+    const r = await bashible(["adopt", "--yes", ...args]);
+    t.equal(r.status, 1, "the converge failed");
+    t.match(r.stderr, "run 'bashible adopt --yes' again (it resumes), or 'bashible adopt --revert'");
+    t.equal((await record(root)).state, "adopting");
+    t.notOk(await linked(root, DECKHOUSE.timer), "Deckhouse's timer stays off");
+    // 080 ran before the failing step: the live unit is this agent's, the copy is still Deckhouse's.
+    t.match(await readFile(path.join(root, DECKHOUSE.serviceFile), "utf8"), `${PATHS.agentDir}/bashible run`);
+    const plan = await bashible(["adopt", "--plan", ...args]);
+    t.match(plan.stdout, "an adoption started at");
+
+    await writeFile(fixed, "");
+    const resumed = await bashible(["adopt", "--yes", ...args]);
+    t.equal(resumed.status, 0, resumed.stderr.slice(-2000));
+    const rec = await record(root);
+    t.equal(rec.state, "adopted");
+    const copy = rec.saved.find((s) => s.path === DECKHOUSE.serviceFile)?.copy ?? "/nonexistent";
+    t.equal(await readFile(path.join(root, copy), "utf8"), SERVICE, "the copy is Deckhouse's unit, not this agent's");
+
+    const back = await bashible(["adopt", "--revert", "--root", root]);
+    t.equal(back.status, 0, back.stderr);
+    t.equal(await readFile(path.join(root, DECKHOUSE.serviceFile), "utf8"), SERVICE, "so revert puts Deckhouse's back");
   },
 );
