@@ -18,6 +18,7 @@ const COMMANDS: Record<string, () => Promise<{ default: Command }>> = {
   "packages-proxy": () => import("../cluster/packages-proxy/command.ts"),
   package: () => import("./commands/package.ts"),
   "internal-disruption": () => import("./commands/internal-disruption.ts"),
+  adopt: () => import("./commands/adopt.ts"),
   version: () => import("./commands/version.ts"),
   "internal-connections": () => import("./commands/connections.ts"),
   server: () => import("../cluster/server/command.ts"),

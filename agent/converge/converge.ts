@@ -192,6 +192,14 @@ export interface PlanReport {
 
 /** What a converge would change now. Changes nothing on the host, not even state files. */
 export async function plan(o: ConvergeOptions): Promise<PlanReport> {
+  return (await planWithBundle(o)).report;
+}
+
+/**
+ * The plan and the bundle it was made for: `bashible adopt` converges to exactly that bundle,
+ * since the API may not be reachable while it moves Deckhouse's API proxy aside.
+ */
+export async function planWithBundle(o: ConvergeOptions): Promise<{ report: PlanReport; bundle: NodeGroupBundle }> {
   const s = await openSession(o, false);
   const f = await fetchBundle(s.source, s.lastGood);
   const bundle = f.bundle;
@@ -199,7 +207,7 @@ export async function plan(o: ConvergeOptions): Promise<PlanReport> {
   const secrets = await bundleSecrets(bundle);
   const gate = await readGateState(s.host, { log: o.log });
   const steps = await planSteps(s.host, bundle, await baseContext(s, o, bundle, gate, secrets));
-  return {
+  const report: PlanReport = {
     nodeName: s.nodeName,
     nodeGroup: bundle.nodeGroup,
     checksum: bundle.checksum,
@@ -209,6 +217,7 @@ export async function plan(o: ConvergeOptions): Promise<PlanReport> {
     steps,
     secrets,
   };
+  return { report, bundle };
 }
 
 /** One converge under the lock. Throws only when there is nothing to work with. */

@@ -5,6 +5,7 @@ import { canonicalJson, bundleChecksum } from "../../bundles/checksum.ts";
 import { API_VERSION, CHECKSUM_ANNOTATION } from "../../bundles/types.ts";
 import type { BundleContext, NodeGroupBundle, NodeUserSpec, RegistryPackageRef } from "../../bundles/types.ts";
 import { CLEANUP_EMPTY_DIRS, CLEANUP_PATHS, defaultPackageRepository, NODE_USERS, PATHS } from "../../bundles/paths.ts";
+import { DECKHOUSE, DECKHOUSE_ONLY_PATHS, DECKHOUSE_ONLY_UNITS } from "../../bundles/deckhouse-node.ts";
 import {
   DISTRO_PACKAGES,
   PACKAGE_MANAGERS,
@@ -309,8 +310,11 @@ export function renderGroup(ng: NodeGroupObject, inputs: RenderInputs, nowMs: nu
   }
   const cleanupScript = renderTemplate("cleanup_static_node.sh", {
     nodeGroup: group,
-    units: CLEANUP_UNITS.join(" "),
-    paths: CLEANUP_PATHS,
+    units: [...CLEANUP_UNITS, ...DECKHOUSE_ONLY_UNITS].join(" "),
+    // What Deckhouse's own bashible left on a node this agent adopted from it, too.
+    paths: [...CLEANUP_PATHS, ...DECKHOUSE_ONLY_PATHS],
+    deckhouseUser: DECKHOUSE.user.name,
+    deckhouseId: String(DECKHOUSE.user.id),
     emptyDirs: CLEANUP_EMPTY_DIRS.join(" "),
     // GECOS of users the NodeUsers step creates: cleanup removes only those.
     userMarker: NODE_USERS.marker,

@@ -8,6 +8,7 @@ import { loadConfigDir } from "../../cluster/sources/directory.ts";
 import { renderGroup } from "../../cluster/render/render.ts";
 import type { RenderInputs } from "../../cluster/render/inputs.ts";
 import { BUILTIN_LIST, BUILTIN_STEPS, CLEANUP_UNITS, UNITS } from "../../bundles/steps/index.ts";
+import { DECKHOUSE_ONLY_UNITS } from "../../bundles/deckhouse-node.ts";
 import { STEP_KINDS, STEP_SPECS } from "../../bundles/specs.ts";
 import { STEP_NAME } from "../../bundles/rules.ts";
 import { STEPS } from "../../steps/index.ts";
@@ -35,7 +36,8 @@ t.test("every step kind has a module that runs it", async (t) => {
 t.test("cleanup stops and removes every unit a built-in step manages, the agent first", async (t) => {
   const script = (rendered.bashible.data as Record<string, string>)["cleanup_static_node.sh"]!;
   const listed = script.match(/^UNITS=\(([^)]*)\)$/m)?.[1]?.split(" ");
-  t.same(listed, CLEANUP_UNITS);
+  // Then the units only Deckhouse's own bashible runs (a node adopted from it).
+  t.same(listed, [...CLEANUP_UNITS, ...DECKHOUSE_ONLY_UNITS]);
   for (const unit of Object.values(UNITS)) t.ok(listed?.includes(unit), `${unit} is cleaned up`);
   t.equal(listed?.[0], UNITS.agent, "the agent stops before what it would restart");
 });
