@@ -117,7 +117,8 @@ async function selfContainedKubeconfig(file: string): Promise<string> {
   return stringify(kc);
 }
 
-export function nodeGroup(kubelet: Record<string, unknown> = {}): unknown {
+/** NodeGroup `worker`; `spec` replaces whole fields of the spec (disruptions, update, …). */
+export function nodeGroup(kubelet: Record<string, unknown> = {}, spec: Record<string, unknown> = {}): unknown {
   return {
     apiVersion: "deckhouse.io/v1",
     kind: "NodeGroup",
@@ -128,6 +129,7 @@ export function nodeGroup(kubelet: Record<string, unknown> = {}): unknown {
       kubelet: { maxPods: 50, ...kubelet },
       fencing: { mode: "Watchdog" },
       nodeTemplate: { labels: { "e2e.bashible.test/role": "worker" } },
+      ...spec,
     },
   };
 }
@@ -190,6 +192,10 @@ export async function startE2eCluster(o: {
   dist: string;
   packages: BuiltPackage[];
   log?: (line: string) => void;
+  /** Also run kube-scheduler (a fleet's Deployments need one). */
+  scheduler?: boolean;
+  /** More `bashible server` flags (the fleet's shortened fencing timings). */
+  serverArgs?: string[];
 }): Promise<E2eCluster> {
   const say = o.log ?? (() => undefined);
   const stops: (() => Promise<void>)[] = [];
@@ -206,6 +212,7 @@ export async function startE2eCluster(o: {
       // The kubelet's serving certificate is verified, as a production cluster does: `kubectl
       // logs` works only once the approver approved it and kube-controller-manager signed it.
       verifyKubeletServing: true,
+      ...(o.scheduler ? { scheduler: true } : {}),
     });
     stops.push(() => cp.stop());
     const apply = async (obj: unknown) => {
@@ -327,6 +334,7 @@ export async function startE2eCluster(o: {
         "/etc/bashible/tls/tls.key",
         "--log-format",
         "json",
+        ...(o.serverArgs ?? []),
       ],
       logFile: serverLog,
     });
