@@ -314,8 +314,11 @@ export async function startE2eCluster(o: {
     const ref = await containerd.importLayout(image.dir, IMAGE_NAME);
     const serverLog = path.join(o.dir, "bashible-server.log");
     const serverPort = await freePort();
+    // An id of its own: runc names the container's cgroup after it, and other end-to-end runs on
+    // this machine run theirs at the same time ("container with given ID already exists").
+    const serverId = `bashible-server-${randomUUID().slice(0, 8)}`;
     const server = await containerd.run({
-      id: "bashible-server",
+      id: serverId,
       image: ref,
       // hostNetwork, as a control-plane static pod: the API server reaches it on loopback.
       netHost: true,
@@ -338,7 +341,7 @@ export async function startE2eCluster(o: {
       ],
       logFile: serverLog,
     });
-    stops.push(() => containerd.stopContainer("bashible-server"));
+    stops.push(() => containerd.stopContainer(serverId));
     await registerAPIService(cp, serverPort, await readFile(serverCA.cert, "utf8")).catch(async (err) => {
       const log = (await readFile(serverLog, "utf8").catch(() => "")).slice(-3000);
       const state =
