@@ -205,8 +205,17 @@ try {
   const pFrom = hrNow();
   const cutAt = Date.now();
   await partition(victim.machine);
-  await until("the agent to stop petting", async () => (await status(victim))?.fencing, 300_000, 250);
-  const lastPet = (victim.watchdog.bytes.filter((b) => b.b !== "V").at(-1)?.t ?? pFrom) - pFrom;
+  const lastPetAt = () => victim.watchdog.bytes.filter((b) => b.b !== "V").at(-1)?.t ?? pFrom;
+  // The agent says it stopped, or its pets stopped without it saying so (a hung check loop).
+  const said = await until(
+    "the pets to stop",
+    async () =>
+      ((await status(victim))?.fencing && "said so") ||
+      (hrNow() - lastPetAt() > 2 * FLEET_FENCING.detectionSeconds * 1000 && "silently"),
+    300_000,
+    250,
+  );
+  const lastPet = lastPetAt() - pFrom;
   await pods.waitFor(
     "the cut-off node's pods deleted",
     (ps) => !ps.some((p) => victimPods.has(p.metadata.uid ?? "")),
@@ -224,7 +233,9 @@ try {
   const replaced = Date.now() - cutAt;
   const pTo = hrNow();
   const otherGaps = fleet.filter((f) => f !== victim).map((f) => longestPetGap(f, pFrom, pTo));
-  console.log(`\npartition of ${victim.machine.name} (veth down, ${victimPods.size} app pod(s) on it):`);
+  console.log(
+    `\npartition of ${victim.machine.name} (veth down, ${victimPods.size} app pod(s) on it; the agent stopped petting ${said}):`,
+  );
   console.log(
     `  cut-off → last pet ${s1(lastPet)} (detection window ${FLEET_FENCING.detectionSeconds} s) → pods deleted ${s1(deleted)} (threshold ${FLEET_FENCING.thresholdSeconds} s) → replacements Ready ${s1(replaced)} (goal ≤ ${FLEET_FENCING.thresholdSeconds + 30} s)`,
   );

@@ -435,11 +435,15 @@ t.test(
       const cutAt = Date.now();
       await partition(victim.machine);
       t.comment(`${name} cut off (its veth down), with ${victimPods.size} app pod(s)`);
-      const fenced = await until(
-        `${name}'s agent to stop petting`,
+      // Pets stop: the agent says so (its verdict), or its pets stopped without it saying so (a
+      // check loop that hangs stops them too); either way a real watchdog would fire.
+      const lastPet = () => victim.watchdog.bytes.filter((b) => b.b !== "V").at(-1)?.t ?? from;
+      const stopped = await until(
+        `${name}'s pets to stop`,
         async () => {
           const s = await status(victim);
-          return s?.fencing && s;
+          if (s?.fencing) return { s, said: true };
+          return hrNow() - lastPet() > 2 * FLEET_FENCING.detectionSeconds * 1000 && { s, said: false };
         },
         120_000,
         250,
@@ -460,12 +464,12 @@ t.test(
           `${(err as Error).message}\nlast pet ${((hrNow() - last) / 1000).toFixed(1)} s ago; status: ${JSON.stringify(await status(victim))}\njournal:\n${j.stdout.slice(-6000)}`,
         );
       });
-      t.match(
-        fenced.verdict?.kind ?? "",
-        /^(isolated|cut-off)$/,
-        `it judged itself cut off (${fenced.verdict?.reason})`,
+      t.ok(
+        stopped.said,
+        `${name}'s agent says it stopped petting (status: fencing, verdict ${stopped.s?.verdict?.kind}: ${stopped.s?.verdict?.reason})`,
       );
-      const lastPetAt = victim.watchdog.bytes.filter((b) => b.b !== "V").at(-1)?.t ?? from;
+      t.match(stopped.s?.verdict?.kind ?? "", /^(isolated|cut-off)$/, "it judged itself cut off");
+      const lastPetAt = lastPet();
       const petsAtFence = victim.watchdog.pets;
       await pods.waitFor(
         `${name}'s pods deleted by the fencing controller`,

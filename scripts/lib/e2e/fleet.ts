@@ -113,7 +113,8 @@ export async function joinFleet(world: World, names: string[]): Promise<FleetNod
         await machine.writeFile(`${DROP_IN_DIR}/50-e2e-fencing-timings.conf`, FENCING_DROP_IN, 0o644);
         const watchdog = new FakeWatchdog(`/proc/${machine.pid}/root/dev/watchdog`);
         watchdogs.push(watchdog);
-        const join = await joinMachine(world.cluster, machine, script);
+        // Three bootstraps at once on a loaded 2-core machine take minutes, not seconds.
+        const join = await joinMachine(world.cluster, machine, script, { readyTimeoutMs: 15 * 60_000 });
         if (join.run.exitCode !== 0 || !join.node)
           throw new Error(
             `${name}: bootstrap.sh ${join.run.exitCode === 0 ? "succeeded but the Node never became Ready" : `exited ${join.run.exitCode}`}:\n${join.run.output.slice(-3000)}\n${await aggregatorState(world)}`,
