@@ -11,6 +11,7 @@ const BENCHES: Record<string, () => Promise<unknown>> = {
   e2e: () => import("./bench/e2e.ts"),
   "early-oom": () => import("./bench/early-oom.ts"),
   fencing: () => import("./bench/fencing.ts"),
+  fleet: () => import("./bench/fleet.ts"),
   packages: () => import("./bench/packages.ts"),
   rollout: () => import("./bench/rollout.ts"),
   runner: () => import("./bench/runner.ts"),

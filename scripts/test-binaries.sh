@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build (once) the upstream binaries the tests run: etcd, kube-apiserver,
-# kube-controller-manager, kubelet and kubectl, from the Go module proxy at one
+# kube-controller-manager, kube-scheduler, kubelet and kubectl, from the Go module proxy at one
 # pinned release. The result is cached outside the repository and reused.
 #
 #   scripts/test-binaries.sh          build if missing, print the directory
@@ -13,7 +13,7 @@ K8S_VERSION="${K8S_VERSION:-v1.34.4}"   # kubelet 1.34 still runs on cgroup v1 (
 ETCD_VERSION="${ETCD_VERSION:-v3.6.5}"  # the etcd release kubernetes ${K8S_VERSION} is tested with
 CACHE_ROOT="${BASHIBLE_TEST_CACHE:-/var/cache/bashible-test}"
 OUT="$CACHE_ROOT/k8s-$K8S_VERSION"
-BINARIES=(etcd kube-apiserver kube-controller-manager kubelet kubectl)
+BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
 
 if [[ -n "${KUBEBUILDER_ASSETS:-}" && -x "$KUBEBUILDER_ASSETS/kube-apiserver" && -x "$KUBEBUILDER_ASSETS/etcd" ]]; then
   echo "$KUBEBUILDER_ASSETS"
@@ -51,7 +51,7 @@ if [[ ! -x "$OUT/etcd" ]]; then
 fi
 
 k8s_missing=()
-for b in kube-apiserver kube-controller-manager kubelet kubectl; do [[ -x "$OUT/$b" ]] || k8s_missing+=("$b"); done
+for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl; do [[ -x "$OUT/$b" ]] || k8s_missing+=("$b"); done
 if [[ ${#k8s_missing[@]} -gt 0 ]]; then
   log "building ${k8s_missing[*]} from k8s.io/kubernetes $K8S_VERSION"
   mkdir -p "$work/k8s" && cd "$work/k8s"

@@ -44,8 +44,13 @@ export function tunedSettings(spec: SpecOf<"SysctlTuner">, cpus = os.availablePa
   return { ...spec.settings, "net.netfilter.nf_conntrack_max": conntrack, "net.nf_conntrack_max": conntrack };
 }
 
-/** Where the kubelet says it is healthy (its default healthzPort): by then it has set its own kernel values. */
+/** Where the kubelet says it is healthy (its default healthzPort); it answers before its kernel check. */
 export const KUBELET_HEALTHZ = "http://127.0.0.1:10248/healthz";
+/**
+ * The kubelet's device-plugin socket (default root dir): its container manager makes it right
+ * after checking the kernel settings (protectKernelDefaults), so once it is there the check is over.
+ */
+export const KUBELET_PAST_KERNEL_CHECK = "/var/lib/kubelet/device-plugins/kubelet.sock";
 
 export const SERVICE_UNIT = `# Managed by bashible (041_configure_sysctl_tuner): re-asserts the node's kernel parameters.
 [Unit]
@@ -56,9 +61,12 @@ After=kubelet.service
 
 [Service]
 Type=oneshot
-# The kubelet sets those before it reports healthy: while it runs, wait for that (2 minutes at most).
-# ($$ is a $ for the shell: systemd expands $NAME itself.)
-ExecStartPre=-/bin/sh -c 'systemctl -q is-active kubelet.service || exit 0; n=0; until curl -fsS -m 2 -o /dev/null ${KUBELET_HEALTHZ}; do n=$$((n+1)); [ "$$n" -ge 120 ] && exit 0; sleep 1; done'
+# A kubelet with protectKernelDefaults refuses to start unless kernel.panic is 10, and it checks
+# only after it already answers /healthz: a kernel.panic=0 (a fencing group) written in between
+# stops it, over and over. So while the kubelet runs, wait until it is past that check: healthy,
+# and its device-plugin socket (made right after the check) created by this start of it, not an
+# earlier one (2 minutes at most). ($$ is a $ for the shell: systemd expands $NAME itself.)
+ExecStartPre=-/bin/sh -c 'systemctl -q is-active kubelet.service || exit 0; started=$$(date -d "$$(systemctl show -p ExecMainStartTimestamp --value kubelet.service)" +%%s 2>/dev/null || echo 0); n=0; until curl -fsS -m 2 -o /dev/null ${KUBELET_HEALTHZ} && [ -S ${KUBELET_PAST_KERNEL_CHECK} ] && [ "$$(stat -c %%Y ${KUBELET_PAST_KERNEL_CHECK})" -ge "$$started" ]; do n=$$((n+1)); [ "$$n" -ge 120 ] && exit 0; sleep 1; done'
 # -e: keys the kernel does not have (yet: nf_conntrack before the module loads) are skipped.
 # "-": a container's /proc/sys is read-only but for its own network: what can be set is set.
 ExecStart=-/usr/sbin/sysctl -q -e --load ${CONF}

@@ -105,6 +105,8 @@ export function decideGroup(
   const wait = (n: NodeView, reason: string, message: string, type: "Normal" | "Warning" = "Normal") =>
     waits.push({ node: n.name, reason, message, type });
 
+  /** Nodes cleared in this pass: their update slot is free again. */
+  const finished = new Set<string>();
   // 1. Nodes that finished: their checksum is the group's and they are Ready.
   for (const n of sorted) {
     const inFlight = DONE_CLEARS.some((k) => k !== NODE_KEYS.waitingForApproval && has(n, k));
@@ -116,6 +118,7 @@ export function decideGroup(
     const annotations: Record<string, string | null> = {};
     for (const k of DONE_CLEARS) if (has(n, k)) annotations[k] = null;
     const uncordon = has(n, NODE_KEYS.cordoned);
+    finished.add(n.name);
     act(
       { node: n.name, annotations, ...(uncordon ? { unschedulable: false } : {}) },
       EVENTS.updateFinished,
@@ -196,7 +199,8 @@ export function decideGroup(
   // 3. Update approval: at most maxConcurrent at a time; while any node is not Ready, only
   // nodes that are not Ready (they cannot get worse).
   const max = concurrency(policy.maxConcurrent, sorted.length);
-  const approved = sorted.filter((n) => has(n, NODE_KEYS.approved) && !touched.has(n.name));
+  // A node drained or approved to disrupt in this pass (step 2) still updates: it keeps its slot.
+  const approved = sorted.filter((n) => has(n, NODE_KEYS.approved) && !finished.has(n.name));
   const waiting = sorted.filter(
     (n) => has(n, NODE_KEYS.waitingForApproval) && !has(n, NODE_KEYS.approved) && !touched.has(n.name),
   );

@@ -44,6 +44,13 @@ export interface ControlPlane {
   kubectl(args: string[], opts?: { kubeconfig?: string; input?: string }): Promise<string>;
   /** The kube-controller-manager's log file, when one was started (StartOptions.controllerManager). */
   controllerManagerLog?: string;
+  /**
+   * A control-plane outage: kube-apiserver stops (SIGTERM, as a static pod's container is
+   * stopped), etcd and the other components stay. startApiServer() starts it again with the same
+   * flags, port and certificates and resolves once /readyz answers.
+   */
+  stopApiServer(): Promise<void>;
+  startApiServer(): Promise<void>;
   stop(): Promise<void>;
 }
 
@@ -143,6 +150,11 @@ export interface StartOptions {
    * objects but no kubelets leave out nodelifecycle, which would mark them NotReady.
    */
   controllerManager?: boolean | { controllers?: string[]; extraArgs?: string[] };
+  /**
+   * Also run kube-scheduler (the admin's credentials, no leader election): pods of a Deployment
+   * get nodes, as in a cluster. Off by default: most tests name the node (spec.nodeName).
+   */
+  scheduler?: boolean;
   /**
    * Where kube-apiserver listens (default 127.0.0.1). A node in its own network namespace
    * reaches the host on its veth's host address, so an end-to-end test listens on 0.0.0.0.
@@ -250,70 +262,70 @@ export async function startControlPlane(opts: StartOptions = {}): Promise<Contro
 
     const apiLog = path.join(dir, "kube-apiserver.log");
     const server = `https://127.0.0.1:${apiPort}`;
-    procs.push(
-      await startProcess(
-        path.join(binDir, "kube-apiserver"),
-        [
-          `--etcd-servers=http://127.0.0.1:${etcdClientPort}`,
-          `--bind-address=${opts.bindAddress ?? "127.0.0.1"}`,
-          "--advertise-address=127.0.0.1",
-          `--secure-port=${apiPort}`,
-          `--cert-dir=${path.join(dir, "apiserver-certs")}`,
-          `--tls-cert-file=${serving.cert}`,
-          `--tls-private-key-file=${serving.key}`,
-          `--client-ca-file=${ca.cert}`,
-          "--authorization-mode=Node,RBAC",
-          "--enable-admission-plugins=NodeRestriction",
-          "--enable-bootstrap-token-auth=true",
-          `--service-account-key-file=${sa.pub}`,
-          `--service-account-signing-key-file=${sa.priv}`,
-          "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-          "--service-cluster-ip-range=10.96.0.0/12",
-          "--allow-privileged=true",
-          // Front proxy: the API server forwards aggregated-API requests with this client
-          // certificate and the user in these headers.
-          `--requestheader-client-ca-file=${frontProxyCA.cert}`,
-          "--requestheader-allowed-names=front-proxy-client",
-          "--requestheader-username-headers=X-Remote-User",
-          "--requestheader-group-headers=X-Remote-Group",
-          "--requestheader-extra-headers-prefix=X-Remote-Extra-",
-          `--proxy-client-cert-file=${frontProxyClient.cert}`,
-          `--proxy-client-key-file=${frontProxyClient.key}`,
-          // Route aggregated APIs through the Service (not its Endpoints): on loopback the
-          // bundle server is reached through an ExternalName Service "localhost", which
-          // endpoint routing refuses (and Endpoints refuse loopback IPs).
-          "--enable-aggregator-routing=false",
-          // Kubelets as kubeadm has the API server reach them: by address (node names need not
-          // resolve here), with a client certificate their webhook authorization accepts.
-          `--kubelet-client-certificate=${kubeletClient.cert}`,
-          `--kubelet-client-key=${kubeletClient.key}`,
-          "--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname",
-          ...(opts.verifyKubeletServing ? [`--kubelet-certificate-authority=${ca.cert}`] : []),
-          "--v=1",
-          ...(opts.extraApiserverArgs ?? []),
-        ],
-        apiLog,
-      ),
-    );
+    const apiArgs = [
+      `--etcd-servers=http://127.0.0.1:${etcdClientPort}`,
+      `--bind-address=${opts.bindAddress ?? "127.0.0.1"}`,
+      "--advertise-address=127.0.0.1",
+      `--secure-port=${apiPort}`,
+      `--cert-dir=${path.join(dir, "apiserver-certs")}`,
+      `--tls-cert-file=${serving.cert}`,
+      `--tls-private-key-file=${serving.key}`,
+      `--client-ca-file=${ca.cert}`,
+      "--authorization-mode=Node,RBAC",
+      "--enable-admission-plugins=NodeRestriction",
+      "--enable-bootstrap-token-auth=true",
+      `--service-account-key-file=${sa.pub}`,
+      `--service-account-signing-key-file=${sa.priv}`,
+      "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+      "--service-cluster-ip-range=10.96.0.0/12",
+      "--allow-privileged=true",
+      // Front proxy: the API server forwards aggregated-API requests with this client
+      // certificate and the user in these headers.
+      `--requestheader-client-ca-file=${frontProxyCA.cert}`,
+      "--requestheader-allowed-names=front-proxy-client",
+      "--requestheader-username-headers=X-Remote-User",
+      "--requestheader-group-headers=X-Remote-Group",
+      "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+      `--proxy-client-cert-file=${frontProxyClient.cert}`,
+      `--proxy-client-key-file=${frontProxyClient.key}`,
+      // Route aggregated APIs through the Service (not its Endpoints): on loopback the
+      // bundle server is reached through an ExternalName Service "localhost", which
+      // endpoint routing refuses (and Endpoints refuse loopback IPs).
+      "--enable-aggregator-routing=false",
+      // Kubelets as kubeadm has the API server reach them: by address (node names need not
+      // resolve here), with a client certificate their webhook authorization accepts.
+      `--kubelet-client-certificate=${kubeletClient.cert}`,
+      `--kubelet-client-key=${kubeletClient.key}`,
+      "--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname",
+      ...(opts.verifyKubeletServing ? [`--kubelet-certificate-authority=${ca.cert}`] : []),
+      "--v=1",
+      ...(opts.extraApiserverArgs ?? []),
+    ];
+    const apiserver = { proc: await startProcess(path.join(binDir, "kube-apiserver"), apiArgs, apiLog) };
+    procs.push(apiserver.proc);
 
     const adminKubeconfig = path.join(dir, "admin.kubeconfig");
     await writeFile(adminKubeconfig, kubeconfigYaml(server, ca.cert, adminCert));
     admin = new KubeClient(await loadKubeconfig(adminKubeconfig), { timeoutMs: 5000 });
 
-    const deadline = Date.now() + (opts.readyTimeoutSeconds ?? 90) * 1000;
-    for (;;) {
-      const [etcd, api] = [procs[0], procs[1]];
-      for (const [p, log, what] of [
-        [etcd, etcdLog, "etcd"],
-        [api, apiLog, "kube-apiserver"],
-      ] as const) {
-        if (p && p.exitCode !== null) throw new Error(`${what} exited with ${p.exitCode}:\n${await tail(log)}`);
+    const client = admin;
+    const apiReady = async () => {
+      const deadline = Date.now() + (opts.readyTimeoutSeconds ?? 90) * 1000;
+      for (;;) {
+        const [etcd, api] = [procs[0], apiserver.proc];
+        for (const [p, log, what] of [
+          [etcd, etcdLog, "etcd"],
+          [api, apiLog, "kube-apiserver"],
+        ] as const) {
+          if (p && p.exitCode !== null) throw new Error(`${what} exited with ${p.exitCode}:\n${await tail(log)}`);
+        }
+        const res = await client.raw("GET", "/readyz").catch(() => undefined);
+        if (res?.status === 200) return;
+        if (Date.now() > deadline) throw new Error(`kube-apiserver not ready in time:\n${await tail(apiLog)}`);
+        await new Promise((r) => setTimeout(r, 250));
       }
-      const res = await admin.raw("GET", "/readyz").catch(() => undefined);
-      if (res?.status === 200) break;
-      if (Date.now() > deadline) throw new Error(`kube-apiserver not ready in time:\n${await tail(apiLog)}`);
-      await new Promise((r) => setTimeout(r, 250));
-    }
+    };
+    await apiReady();
 
     let controllerManagerLog: string | undefined;
     if (opts.controllerManager) {
@@ -355,6 +367,35 @@ export async function startControlPlane(opts: StartOptions = {}): Promise<Contro
       }
     }
 
+    if (opts.scheduler) {
+      const schedulerLog = path.join(dir, "kube-scheduler.log");
+      const schedulerPort = await freePort();
+      const sched = await startProcess(
+        path.join(binDir, "kube-scheduler"),
+        [
+          `--kubeconfig=${adminKubeconfig}`,
+          `--authentication-kubeconfig=${adminKubeconfig}`,
+          `--authorization-kubeconfig=${adminKubeconfig}`,
+          "--bind-address=127.0.0.1",
+          `--secure-port=${schedulerPort}`,
+          "--leader-elect=false",
+          "--v=1",
+        ],
+        schedulerLog,
+      );
+      procs.push(sched);
+      const deadline = Date.now() + (opts.readyTimeoutSeconds ?? 90) * 1000;
+      for (;;) {
+        if (sched.exitCode !== null)
+          throw new Error(
+            `kube-scheduler exited with ${sched.exitCode} (scripts/test-binaries.sh builds it):\n${await tail(schedulerLog)}`,
+          );
+        if (await healthy(`https://127.0.0.1:${schedulerPort}/healthz`)) break;
+        if (Date.now() > deadline) throw new Error(`kube-scheduler not healthy in time:\n${await tail(schedulerLog)}`);
+        await new Promise((r) => setTimeout(r, 250));
+      }
+    }
+
     const cp: ControlPlane = {
       dir,
       controllerManagerLog,
@@ -368,6 +409,16 @@ export async function startControlPlane(opts: StartOptions = {}): Promise<Contro
       async writeKubeconfig(file, user) {
         await writeFile(file, kubeconfigYaml(server, ca.cert, user), { mode: 0o600 });
         return file;
+      },
+      async stopApiServer() {
+        await stopProcess(apiserver.proc);
+      },
+      async startApiServer() {
+        if (apiserver.proc.exitCode === null && apiserver.proc.signalCode === null) return;
+        const old = apiserver.proc;
+        apiserver.proc = await startProcess(path.join(binDir, "kube-apiserver"), apiArgs, apiLog);
+        procs[procs.indexOf(old)] = apiserver.proc;
+        await apiReady();
       },
       async mintNode(name) {
         const ndir = path.join(dir, "nodes", name);

@@ -58,6 +58,28 @@ t.test("an approved node holds its slot; 50% of four approves two", async (t) =>
   t.same(approvedNames(decideGroup(ng({ update: { maxConcurrent: 2 } }), four, SUM, NOW)), ["w-1", "w-2"]);
 });
 
+t.test("a node the pass starts draining or approves to disrupt keeps its slot", async (t) => {
+  // Found by the fleet end to end: the node being drained was not counted, so the next one was
+  // approved beside it and two nodes were cordoned at once under maxConcurrent 1.
+  const asking = node("w-1", { [K.approved]: "", [K.disruptionRequired]: "" });
+  const automatic = ng({ disruptions: { approvalMode: "Automatic", automatic: { drainBeforeApproval: true } } });
+  let d = decideGroup(automatic, [asking, node("w-2", waiting)], SUM, NOW);
+  t.equal(d.actions[0]?.patch.annotations[K.draining], "bashible", "w-1 starts draining");
+  t.same(approvedNames(d), [], "and w-2 waits for the slot w-1 holds");
+  const drained = node("w-1", { [K.approved]: "", [K.disruptionRequired]: "", [K.drained]: "bashible" });
+  d = decideGroup(automatic, [drained, node("w-2", waiting)], SUM, NOW);
+  t.equal(d.actions[0]?.patch.annotations[K.disruptionApproved], "", "w-1 drained: its disruption is approved");
+  t.same(approvedNames(d), [], "and w-2 still waits");
+  const noDrain = ng({ disruptions: { approvalMode: "Automatic", automatic: { drainBeforeApproval: false } } });
+  t.same(approvedNames(decideGroup(noDrain, [asking, node("w-2", waiting)], SUM, NOW)), [], "without a drain too");
+  const done = node("w-1", { [K.checksum]: SUM, [K.approved]: "", [K.disruptionApproved]: "" });
+  t.same(
+    approvedNames(decideGroup(automatic, [done, node("w-2", waiting)], SUM, NOW)),
+    ["w-2"],
+    "a finished node frees it",
+  );
+});
+
 t.test("while a node is not Ready no Ready node is approved, but a waiting NotReady one goes first", async (t) => {
   const sick = node("w-9", {}, { ready: false });
   const d = decideGroup(ng(), [node("w-1", waiting), sick], SUM, NOW);

@@ -101,7 +101,8 @@ async function selfContainedKubeconfig(file: string): Promise<string> {
   return stringify(kc);
 }
 
-export function nodeGroup(kubelet: Record<string, unknown> = {}): unknown {
+/** NodeGroup `worker`; `spec` replaces whole fields of the spec (disruptions, update, …). */
+export function nodeGroup(kubelet: Record<string, unknown> = {}, spec: Record<string, unknown> = {}): unknown {
   return {
     apiVersion: "deckhouse.io/v1",
     kind: "NodeGroup",
@@ -112,6 +113,7 @@ export function nodeGroup(kubelet: Record<string, unknown> = {}): unknown {
       kubelet: { maxPods: 50, ...kubelet },
       fencing: { mode: "Watchdog" },
       nodeTemplate: { labels: { "e2e.bashible.test/role": "worker" } },
+      ...spec,
     },
   };
 }
@@ -174,6 +176,10 @@ export async function startE2eCluster(o: {
   dist: string;
   packages: BuiltPackage[];
   log?: (line: string) => void;
+  /** Also run kube-scheduler (a fleet's Deployments need one). */
+  scheduler?: boolean;
+  /** More `bashible server` flags (the fleet's shortened fencing timings). */
+  serverArgs?: string[];
 }): Promise<E2eCluster> {
   const say = o.log ?? (() => undefined);
   const stops: (() => Promise<void>)[] = [];
@@ -190,6 +196,7 @@ export async function startE2eCluster(o: {
       // The kubelet's serving certificate is verified, as a production cluster does: `kubectl
       // logs` works only once the approver approved it and kube-controller-manager signed it.
       verifyKubeletServing: true,
+      ...(o.scheduler ? { scheduler: true } : {}),
     });
     stops.push(() => cp.stop());
     const apply = async (obj: unknown) => {
@@ -290,8 +297,11 @@ export async function startE2eCluster(o: {
     const ref = await containerd.importLayout(image.dir, IMAGE_NAME);
     const serverLog = path.join(o.dir, "bashible-server.log");
     const serverPort = await freePort();
+    // An id of its own: runc names the container's cgroup after it, and other end-to-end runs on
+    // this machine run theirs at the same time ("container with given ID already exists").
+    const serverId = `bashible-server-${randomUUID().slice(0, 8)}`;
     const server = await containerd.run({
-      id: "bashible-server",
+      id: serverId,
       image: ref,
       // hostNetwork, as a control-plane static pod: the API server reaches it on loopback.
       netHost: true,
@@ -310,10 +320,11 @@ export async function startE2eCluster(o: {
         "/etc/bashible/tls/tls.key",
         "--log-format",
         "json",
+        ...(o.serverArgs ?? []),
       ],
       logFile: serverLog,
     });
-    stops.push(() => containerd.stopContainer("bashible-server"));
+    stops.push(() => containerd.stopContainer(serverId));
     await registerAPIService(cp, serverPort, await readFile(serverCA.cert, "utf8")).catch(async (err) => {
       const log = (await readFile(serverLog, "utf8").catch(() => "")).slice(-3000);
       const state =

@@ -59,7 +59,14 @@ export interface World {
   stop(): Promise<void>;
 }
 
-export async function startWorld(o: { log?: (line: string) => void; keepWork?: () => boolean } = {}): Promise<World> {
+export async function startWorld(
+  o: {
+    log?: (line: string) => void;
+    keepWork?: () => boolean;
+    /** What the cluster side runs besides the defaults (startE2eCluster's scheduler, serverArgs). */
+    cluster?: { scheduler?: boolean; serverArgs?: string[] };
+  } = {},
+): Promise<World> {
   const say = o.log ?? (() => undefined);
   const work = await mkdtemp(path.join(process.env.BASHIBLE_E2E_WORK ?? os.tmpdir(), "bashible-e2e-"));
   const nodes: NspawnNode[] = [];
@@ -91,7 +98,7 @@ export async function startWorld(o: { log?: (line: string) => void; keepWork?: (
     lap(`registry packages built: ${packages.map((p) => p.name).join(", ")}`);
     const images = await buildImages(path.join(work, "images"));
     lap("images built (busybox, pause)");
-    cluster = await startE2eCluster({ dir: work, dist, packages, log: say });
+    cluster = await startE2eCluster({ dir: work, dist, packages, log: say, ...o.cluster });
     lap("cluster side up");
     const c = cluster;
     return {

@@ -1,0 +1,280 @@
+// npm run bench -- fleet [--nodes 3] [--outage-seconds S]
+//
+// The fleet's figures, on the parts test/e2e/fleet.test.ts runs (scripts/lib/e2e/fleet.ts: bare
+// Debian machines joined concurrently with bootstrap.sh, kube-scheduler, the fencing timings in
+// seconds, the FIFO watchdog stand-in, a 3-replica Deployment under a PodDisruptionBudget of 2):
+// 1. rollout: a disruptive NodeGroupConfiguration change under Automatic + drainBeforeApproval,
+//    maxConcurrent 1: total (change → every node settled at the new checksum) and per node
+//    (approved → settled), from a watch of the Nodes;
+// 2. outage: kube-apiserver stopped for --outage-seconds (default: the controller's threshold +
+//    15 s, so the fencing controller's own view of Lease ages is tested too), then started:
+//    false fences (agents that stopped petting, watchdog gaps >= 60 s, NodeFenced events, pods
+//    freed), goal 0;
+// 3. partition: one node's veth down: cut-off → last pet → pods deleted → replacements Ready
+//    (goal: within the controller's threshold + 30 s);
+// 4. rss: every process of bashible.service on each node after all of it, beside a bare Node 24
+//    (the agent's own runtime) started on the first node.
+import { readFile } from "node:fs/promises";
+import os from "node:os";
+import { parseArgs } from "node:util";
+import { EVENTS, NODE_KEYS } from "../../bundles/names.ts";
+import type { FencingStatus } from "../../agent/fencing/status-file.ts";
+import { nodeGroup } from "../lib/e2e/cluster.ts";
+import {
+  disruptiveConfiguration,
+  FLEET_CLUSTER,
+  FLEET_FENCING,
+  type FleetNode,
+  fleetNames,
+  hasAnnotation,
+  isReady,
+  joinFleet,
+  nodeRecorder,
+  partition,
+  podReady,
+  podRecorder,
+  settled,
+  workload,
+} from "../lib/e2e/fleet.ts";
+import { type KubeNode, startWorld, type World } from "../lib/e2e/world.ts";
+import { until } from "../lib/until.ts";
+import { sleep } from "../../lib/sleep.ts";
+
+const { values } = parseArgs({
+  options: {
+    nodes: { type: "string", default: "3" },
+    "outage-seconds": { type: "string" },
+  },
+});
+const N = Math.max(2, Number(values.nodes));
+const OUTAGE_S = Number(values["outage-seconds"] ?? FLEET_FENCING.thresholdSeconds + 15);
+const s1 = (ms: number) => `${(ms / 1000).toFixed(1)} s`;
+const mb = (kb: number) => `${(kb / 1024).toFixed(1)} MB`;
+const hrNow = () => Number(process.hrtime.bigint()) / 1e6;
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] ?? 0;
+
+const status = async (f: FleetNode): Promise<FencingStatus | undefined> =>
+  JSON.parse(await readFile(`/proc/${f.machine.pid}/root/run/bashible/fencing.json`, "utf8").catch(() => "null")) ??
+  undefined;
+const longestPetGap = (f: FleetNode, from: number, to: number) => {
+  let prev = from;
+  let gap = 0;
+  for (const p of [...f.watchdog.bytes.filter((b) => b.b !== "V" && b.t >= from && b.t <= to).map((b) => b.t), to]) {
+    gap = Math.max(gap, p - prev);
+    prev = p;
+  }
+  return gap;
+};
+
+let world: World | undefined;
+let exitCode = 0;
+const load = (await readFile("/proc/loadavg", "utf8")).split(" ").slice(0, 3).join(" ");
+console.log(
+  `fleet of ${N}: ${new Date().toISOString()}, ${os.cpus().length} CPUs (${os.cpus()[0]?.model}), load ${load}; fencing threshold ${FLEET_FENCING.thresholdSeconds} s, detection window ${FLEET_FENCING.detectionSeconds} s, kubelet window ${FLEET_FENCING.kubeletSeconds} s`,
+);
+try {
+  world = await startWorld({ log: (l) => console.log(`  ${l}`), cluster: FLEET_CLUSTER });
+  const w = world;
+  const { cluster } = w;
+  const admin = cluster.cp.admin;
+  const events = async (node: string, reason: string) =>
+    (
+      await admin.request<{ items: unknown[] }>(
+        "GET",
+        `/api/v1/events?fieldSelector=${encodeURIComponent(`involvedObject.name=${node},reason=${reason}`)}`,
+      )
+    ).items.length;
+  await cluster.apply(
+    nodeGroup(
+      {},
+      {
+        disruptions: { approvalMode: "Automatic", automatic: { drainBeforeApproval: true } },
+        update: { maxConcurrent: 1 },
+      },
+    ),
+  );
+  await cluster.apply(disruptiveConfiguration("v1"));
+  const joinStart = Date.now();
+  const fleet = await joinFleet(w, fleetNames(N, "fbench"));
+  const names = fleet.map((f) => f.machine.name);
+  console.log(
+    `\njoin (concurrent): all ${N} Ready ${s1(Date.now() - joinStart)}; bootstrap.sh start → Node Ready ${fleet.map((f) => s1(f.join.readyMs)).join(", ")}`,
+  );
+  const nodes = await nodeRecorder(w);
+  const pods = await podRecorder(w);
+  const fleetSettled = (what: string) =>
+    until(
+      what,
+      async () => {
+        const c = await cluster.groupChecksum();
+        const ns = nodes.current;
+        return c && ns.length === N && ns.every((n) => isReady(n) && settled(n, c)) && c;
+      },
+      600_000,
+      250,
+    );
+  const before = await fleetSettled("the fleet settled");
+  for (const obj of workload()) await cluster.apply(obj);
+  await pods.waitFor("3 app pods Ready", (ps) => ps.filter(podReady).length === 3, 300_000);
+
+  // ---------- 1. rollout
+  const rollStart = Date.now();
+  await cluster.apply(disruptiveConfiguration("v2"));
+  const target = await until(
+    "the new checksum",
+    async () => {
+      const c = await cluster.groupChecksum();
+      return c !== before && c;
+    },
+    60_000,
+  );
+  await nodes.waitFor("every node settled", (ns) => ns.every((n) => settled(n, target)), 900_000);
+  const rollTotal = Date.now() - rollStart;
+  const hist = nodes.since(rollStart);
+  const per = names.map((name) => {
+    const at = (p: (n: KubeNode) => boolean) =>
+      hist.find((s) => {
+        const n = s.objects.get(name);
+        return n !== undefined && p(n);
+      })?.at ?? Number.NaN;
+    const approved = at((n) => hasAnnotation(n, NODE_KEYS.approved));
+    const cordoned = at((n) => n.spec?.unschedulable === true);
+    const disruption = at((n) => hasAnnotation(n, NODE_KEYS.disruptionApproved));
+    const done = hist.find((s) => {
+      const n = s.objects.get(name);
+      return n !== undefined && s.at > approved && settled(n, target);
+    })?.at;
+    return { name, approved, cordoned, disruption, done: done ?? Number.NaN };
+  });
+  const minReady = Math.min(...pods.since(rollStart).map((s) => [...s.objects.values()].filter(podReady).length));
+  console.log(`\nrollout (Automatic, drainBeforeApproval, maxConcurrent 1): ${N} nodes in ${s1(rollTotal)}`);
+  for (const p of per.sort((a, b) => a.approved - b.approved))
+    console.log(
+      `  ${p.name}: approved +${s1(p.approved - rollStart)}, cordoned +${s1(p.cordoned - p.approved)}, drained and disruption approved +${s1(p.disruption - p.approved)}, done +${s1(p.done - p.approved)} (approved → done)`,
+    );
+  console.log(
+    `  per node median ${s1(median(per.map((p) => p.done - p.approved)))}; fewest Ready pods during it ${minReady} (budget 2)`,
+  );
+
+  // ---------- 2. outage
+  await pods.waitFor("3 app pods Ready", (ps) => ps.filter(podReady).length === 3, 300_000);
+  const podsBefore = new Set(pods.current.map((p) => p.metadata.uid));
+  const fencedBefore = (await Promise.all(names.map((n) => events(n, EVENTS.nodeFenced)))).reduce((a, b) => a + b, 0);
+  const oFrom = hrNow();
+  const stoppedAt = Date.now();
+  await cluster.cp.stopApiServer();
+  const stoppedPetting = new Set<string>();
+  const verdicts = new Map<string, Set<string>>();
+  while (Date.now() - stoppedAt < OUTAGE_S * 1000) {
+    for (const f of fleet) {
+      const s = await status(f);
+      if (s?.fencing) stoppedPetting.add(f.machine.name);
+      if (s?.verdict) verdicts.set(f.machine.name, (verdicts.get(f.machine.name) ?? new Set()).add(s.verdict.kind));
+    }
+    await sleep(500);
+  }
+  await cluster.cp.startApiServer();
+  const restartedAt = Date.now();
+  await until("every node Ready again", () => nodes.current.length === N && nodes.current.every(isReady), 300_000, 250);
+  const readyAgain = Date.now();
+  // The fencing controller re-lists and would act within a threshold of stale ages: give it that.
+  const watchUntil = restartedAt + (FLEET_FENCING.thresholdSeconds + 10) * 1000;
+  while (Date.now() < watchUntil) {
+    for (const f of fleet) if ((await status(f))?.fencing) stoppedPetting.add(f.machine.name);
+    await sleep(1000);
+  }
+  const oTo = hrNow();
+  const gaps = fleet.map((f) => longestPetGap(f, oFrom, oTo));
+  const freed = [...podsBefore].filter((uid) => !pods.current.some((p) => p.metadata.uid === uid)).length;
+  const fencedAfter = (await Promise.all(names.map((n) => events(n, EVENTS.nodeFenced)))).reduce((a, b) => a + b, 0);
+  const falseFences = stoppedPetting.size + gaps.filter((g) => g >= 60_000).length + (fencedAfter - fencedBefore);
+  console.log(
+    `\noutage: kube-apiserver down ${s1(restartedAt - stoppedAt)} (etcd up), every node Ready ${s1(readyAgain - restartedAt)} after its restart, watched ${s1(watchUntil - restartedAt)} more`,
+  );
+  console.log(
+    `  false fences ${falseFences} (goal 0): agents that stopped petting ${stoppedPetting.size}, longest pet gaps ${gaps.map(s1).join(", ")} (watchdog 60 s), ${EVENTS.nodeFenced} events ${fencedAfter - fencedBefore}, pods freed ${freed}`,
+  );
+  console.log(`  verdicts seen: ${[...verdicts].map(([n, v]) => `${n} ${[...v].join("/")}`).join("; ")}`);
+
+  // ---------- 3. partition
+  await pods.waitFor("3 app pods Ready", (ps) => ps.filter(podReady).length === 3, 300_000);
+  const victim = fleet.find((f) => pods.current.some((p) => p.spec.nodeName === f.machine.name)) as FleetNode;
+  const victimPods = new Set(
+    pods.current.filter((p) => p.spec.nodeName === victim.machine.name).map((p) => p.metadata.uid),
+  );
+  const pFrom = hrNow();
+  const cutAt = Date.now();
+  await partition(victim.machine);
+  const lastPetAt = () => victim.watchdog.bytes.filter((b) => b.b !== "V").at(-1)?.t ?? pFrom;
+  // The agent says it stopped, or its pets stopped without it saying so (a hung check loop).
+  const said = await until(
+    "the pets to stop",
+    async () =>
+      ((await status(victim))?.fencing && "said so") ||
+      (hrNow() - lastPetAt() > 2 * FLEET_FENCING.detectionSeconds * 1000 && "silently"),
+    300_000,
+    250,
+  );
+  const lastPet = lastPetAt() - pFrom;
+  await pods.waitFor(
+    "the cut-off node's pods deleted",
+    (ps) => !ps.some((p) => victimPods.has(p.metadata.uid ?? "")),
+    (FLEET_FENCING.thresholdSeconds + 180) * 1000,
+  );
+  const deleted = Date.now() - cutAt;
+  await pods.waitFor(
+    "3 replacements Ready elsewhere",
+    (ps) => {
+      const r = ps.filter(podReady);
+      return r.length === 3 && r.every((p) => p.spec.nodeName !== victim.machine.name);
+    },
+    300_000,
+  );
+  const replaced = Date.now() - cutAt;
+  const pTo = hrNow();
+  const otherGaps = fleet.filter((f) => f !== victim).map((f) => longestPetGap(f, pFrom, pTo));
+  console.log(
+    `\npartition of ${victim.machine.name} (veth down, ${victimPods.size} app pod(s) on it; the agent stopped petting ${said}):`,
+  );
+  console.log(
+    `  cut-off → last pet ${s1(lastPet)} (detection window ${FLEET_FENCING.detectionSeconds} s) → pods deleted ${s1(deleted)} (threshold ${FLEET_FENCING.thresholdSeconds} s) → replacements Ready ${s1(replaced)} (goal ≤ ${FLEET_FENCING.thresholdSeconds + 30} s)`,
+  );
+  console.log(`  the other nodes' longest pet gaps ${otherGaps.map(s1).join(", ")}`);
+
+  // ---------- 4. rss
+  const first = fleet.find((f) => f !== victim) as FleetNode;
+  const bare = first.machine.spawn([
+    "/opt/deckhouse/lib/bashible/bashible.d/node",
+    "-e",
+    "setInterval(() => {}, 1 << 30)",
+  ]);
+  await sleep(10_000);
+  console.log("\nagent RSS after all of it (every process of bashible.service):");
+  for (const f of fleet) {
+    const r = await f.machine.mustExec([
+      "sh",
+      "-c",
+      `s=0; for p in $(cat /sys/fs/cgroup/systemd/system.slice/bashible.service/cgroup.procs); do
+         k=$(awk '/^VmRSS:/ {print $2}' /proc/$p/status); s=$((s + k)); done; echo $s`,
+    ]);
+    console.log(
+      `  ${f.machine.name}${f === victim ? " (cut off, its pets stopped)" : ""}: ${mb(Number(r.stdout.trim()))}`,
+    );
+  }
+  const b = await first.machine.mustExec([
+    "sh",
+    "-c",
+    `awk '/^VmRSS:/ {print $2}' /proc/$(pgrep -f setInterval | head -1)/status`,
+  ]);
+  console.log(`  bare Node 24 on ${first.machine.name}: ${mb(Number(b.stdout.trim()))}`);
+  bare.kill("SIGKILL");
+  nodes.stop();
+  pods.stop();
+  for (const f of fleet) f.watchdog.close();
+} catch (err) {
+  console.error(`bench fleet: ${(err as Error).stack ?? err}`);
+  exitCode = 1;
+} finally {
+  await world?.stop();
+}
+process.exit(exitCode);
