@@ -307,10 +307,6 @@ Wants=network-online.target
 StartLimitIntervalSec=0
 
 [Service]
-# The kernel settings protectKernelDefaults checks, before every start (systemd's restarts too):
-# a fencing group's kernel.panic=0, put back by the sysctl tuner once the kubelet is past its
-# check, would otherwise keep a restarted kubelet from starting at all.
-ExecStartPre=-/usr/sbin/sysctl -q -e -p ${SYSCTL_FILE}
 ExecStart=${BIN} \\
 ${flags.map((f) => `    ${f}`).join(" \\\n")}
 Restart=always
