@@ -17,6 +17,7 @@
 // Renewals (requested by system:node:<name> itself, with its current certificate) are left to
 // kube-controller-manager (selfnodeclient), as are requests from anyone who is not a bootstrap
 // token. Decisions are logged and written into the CSR's condition (`kubectl describe csr`).
+import { CoalescedPass } from "./coalesced-pass.ts";
 import { X509Certificate } from "node:crypto";
 import type { KubeClient } from "../../lib/kube/client.ts";
 import type { Logger } from "../../lib/log/log.ts";
@@ -184,10 +185,13 @@ export class KubeletClientApprover {
   /** CSRs kube-controller-manager approved itself, already reported. */
   private readonly bypassReported = new Set<string>();
   private sweepTimer: NodeJS.Timeout | undefined;
-  private passQueued = false;
-  private passRunning = false;
-  private passAgain = false;
   private stopped = false;
+  /** One pass over the pending CSRs for a burst of events; never two at once. */
+  private readonly passes = new CoalescedPass(
+    () => this.pass(),
+    (err) => this.log.warn({ err: err.message }, "kubelet client CSRs: pass failed"),
+    () => this.stopped,
+  );
 
   constructor(o: { client: KubeClient; log: Logger; namespace?: string; now?: () => number }) {
     this.client = o.client;
@@ -210,7 +214,7 @@ export class KubeletClientApprover {
       }),
       onEvent: (ev) => {
         if (ev.type === "DELETED") this.forget(ev.object.metadata.name);
-        this.queuePass();
+        this.passes.queue();
       },
     });
     this.nodes = new Informer<NodeName>({
@@ -288,33 +292,6 @@ export class KubeletClientApprover {
     );
   }
 
-  private queuePass(): void {
-    if (this.passQueued || this.stopped) return;
-    this.passQueued = true;
-    setTimeout(() => {
-      this.passQueued = false;
-      void this.runPass();
-    }, 50).unref();
-  }
-
-  private async runPass(): Promise<void> {
-    if (this.passRunning) {
-      this.passAgain = true;
-      return;
-    }
-    this.passRunning = true;
-    try {
-      do {
-        this.passAgain = false;
-        await this.pass().catch((err) =>
-          this.log.warn({ err: (err as Error).message }, "kubelet client CSRs: pass failed"),
-        );
-      } while (this.passAgain && !this.stopped);
-    } finally {
-      this.passRunning = false;
-    }
-  }
-
   private forget(name: string): void {
     this.waiting.delete(name);
     const r = this.retries.get(name);
@@ -327,7 +304,7 @@ export class KubeletClientApprover {
     const previous = this.retries.get(name);
     if (previous) clearTimeout(previous.timer);
     const backoff = previous?.backoff ?? new Backoff({ baseMs: 5_000, maxMs: 300_000 });
-    const timer = setTimeout(() => this.queuePass(), backoff.next());
+    const timer = setTimeout(() => this.passes.queue(), backoff.next());
     timer.unref();
     this.retries.set(name, { timer, backoff });
   }

@@ -9,6 +9,7 @@
 // are only a necessary condition: names must be the node's own name (or under it) and never a
 // form an in-cluster client takes for a Service, addresses must be ones it reports that no other
 // managed Node reports, and no endpoint of the cluster (API server, context endpoints) is either.
+import { CoalescedPass } from "./coalesced-pass.ts";
 import { isIPv4, isIPv6 } from "node:net";
 import type { KubeClient } from "../../lib/kube/client.ts";
 import type { Logger } from "../../lib/log/log.ts";
@@ -233,11 +234,13 @@ export class KubeletServingApprover {
   /** Failed writes retried with a growing delay, per CSR. */
   private readonly retries = new Map<string, { timer: NodeJS.Timeout; backoff: Backoff }>();
   private endpoints: { value: NonNullable<Known["endpoints"]>; at: number } | undefined;
-  private passQueued = false;
-  /** One pass at a time; a pass asked for while one runs follows it. */
-  private passRunning = false;
-  private passAgain = false;
   private stopped = false;
+  /** One pass over the pending CSRs for a burst of events; never two at once. */
+  private readonly passes = new CoalescedPass(
+    () => this.pass(),
+    (err) => this.log.warn({ err: err.message }, "kubelet serving CSRs: pass failed"),
+    () => this.stopped,
+  );
 
   /**
    * `nodes`: an informer of the managed Nodes that keeps `status.addresses`, run by its owner, who
@@ -255,7 +258,7 @@ export class KubeletServingApprover {
       trim: (c) => ({ metadata: c.metadata, spec: c.spec, status: { conditions: c.status?.conditions ?? [] } }),
       onEvent: (ev) => {
         if (ev.type === "DELETED") this.forget(ev.object.metadata.name);
-        this.queuePass();
+        this.passes.queue();
       },
     });
     this.sharedNodes = o.nodes !== undefined;
@@ -280,7 +283,7 @@ export class KubeletServingApprover {
    * addresses may be what a waiting CSR needs.
    */
   onNodeEvent(ev: InformerEvent<KubeObject>): void {
-    if (ev.type === "SYNC" || this.waiting.size) this.queuePass();
+    if (ev.type === "SYNC" || this.waiting.size) this.passes.queue();
   }
 
   start(): void {
@@ -294,34 +297,6 @@ export class KubeletServingApprover {
     this.retries.clear();
     this.csrs.stop();
     if (!this.sharedNodes) this.nodes.stop();
-  }
-
-  /** One pass over the pending CSRs for a burst of events (a rollout touches many Nodes). */
-  private queuePass(): void {
-    if (this.passQueued || this.stopped) return;
-    this.passQueued = true;
-    setTimeout(() => {
-      this.passQueued = false;
-      void this.runPass();
-    }, 50).unref();
-  }
-
-  private async runPass(): Promise<void> {
-    if (this.passRunning) {
-      this.passAgain = true;
-      return;
-    }
-    this.passRunning = true;
-    try {
-      do {
-        this.passAgain = false;
-        await this.pass().catch((err) =>
-          this.log.warn({ err: (err as Error).message }, "kubelet serving CSRs: pass failed"),
-        );
-      } while (this.passAgain && !this.stopped);
-    } finally {
-      this.passRunning = false;
-    }
   }
 
   private forget(name: string): void {
@@ -409,7 +384,7 @@ export class KubeletServingApprover {
     const previous = this.retries.get(name);
     if (previous) clearTimeout(previous.timer);
     const backoff = previous?.backoff ?? new Backoff({ baseMs: 5_000, maxMs: 300_000 });
-    const timer = setTimeout(() => this.queuePass(), backoff.next());
+    const timer = setTimeout(() => this.passes.queue(), backoff.next());
     timer.unref();
     this.retries.set(name, { timer, backoff });
   }
