@@ -34,10 +34,11 @@
 //
 // Needs root and the Debian packages systemd-container (systemd-nspawn), util-linux (nsenter,
 // mount), iproute2 (ip) and debootstrap (for the root).
+import { copyInto, writeInto } from "./machine-files.ts";
 import { type ChildProcess, spawn, spawnSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { closeSync, existsSync, mkdirSync, openSync, readFileSync, statSync, writeFileSync, writeSync } from "node:fs";
-import { lstat, mkdir, mkdtemp, open, readdir, readFile, readlink, stat, unlink, writeFile } from "node:fs/promises";
+import { lstat, mkdir, mkdtemp, open, readdir, readFile, readlink, unlink, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { debianRoot } from "./debian-root.ts";
@@ -588,40 +589,8 @@ export async function bootNode(opts: NodeOptions = {}): Promise<NspawnNode> {
         return r;
       },
       spawn: (argv, o) => inside(argv, o ?? {}).child,
-      async copyIn(src, dest) {
-        // tar through nsenter: lands in the node's own mounts (/tmp, /run) and keeps modes.
-        const st = await stat(src);
-        const [cdir, what] = st.isDirectory() ? [src, "."] : [path.dirname(src), path.basename(src)];
-        const target = st.isDirectory() ? dest : path.dirname(dest);
-        const tar = spawn("tar", ["-C", cdir, "-cf", "-", what], { stdio: ["ignore", "pipe", "pipe"] });
-        const untar = inside(
-          [
-            "sh",
-            "-c",
-            st.isDirectory()
-              ? 'mkdir -p "$1" && tar -C "$1" -xf - --no-same-owner'
-              : 'mkdir -p "$1" && tar -C "$1" -xf - --no-same-owner && if [ "$2" != "$3" ]; then mv -f "$1/$2" "$1/$3"; fi',
-            "sh",
-            target,
-            what,
-            path.basename(dest),
-          ],
-          { pipeStdin: true },
-        );
-        tar.stdout.pipe(untar.child.stdin as NodeJS.WritableStream);
-        const [r, tarCode] = await Promise.all([
-          untar.done,
-          new Promise<number>((res) => tar.once("close", (code) => res(code ?? 1))),
-        ]);
-        if (tarCode !== 0 || r.exitCode !== 0) throw new Error(`${name}: copy ${src} → ${dest} failed: ${r.stderr}`);
-      },
-      async writeFile(dest, content, mode = 0o644) {
-        const r = await inside(
-          ["sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1" && chmod "$2" "$1"', "sh", dest, mode.toString(8)],
-          { input: content },
-        ).done;
-        if (r.exitCode !== 0) throw new Error(`${name}: write ${dest} failed: ${r.stderr}`);
-      },
+      copyIn: (src, dest) => copyInto(inside, name, src, dest),
+      writeFile: (dest, content, mode) => writeInto(inside, name, dest, content, mode),
       async waitRunning(timeoutMs = 120_000) {
         const until = Date.now() + timeoutMs;
         for (;;) {
