@@ -49,6 +49,13 @@ export const DEMO_PREREQUISITES: readonly Prerequisite[] = [
   { program: "update-ca-certificates", pkg: "ca-certificates", usedBy: "CACertificates" },
   { program: "systemctl", pkg: "systemd", usedBy: "BashibleService (enables bashible.service offline in the sandbox)" },
   { program: "systemd-analyze", pkg: "systemd", usedBy: "BashibleService (checks the agent's units)" },
+  // Its daily timer, enabled on install, rotates what the machine's own packages ask: what a
+  // Debian machine with logrotate does anyway, nothing of the demo's.
+  {
+    program: "logrotate",
+    pkg: "logrotate",
+    usedBy: "LogRotation (checks the step logs' rotation file before installing it)",
+  },
 ];
 // Not listed, on purpose: chpasswd, pgrep and pkill (passwd, procps) run only on a real root,
 // never in the demo's sandbox; sysctl only when a Script runs on "/".
