@@ -1,0 +1,147 @@
+// The agent's metrics for an in-cluster Prometheus (--metrics-secure-address): the same answers
+// as the loopback endpoint, over TLS with the kubelet's serving certificate, to a request whose
+// bearer token passes metrics-auth.ts (401 without a valid token, 403 when its user may not get
+// nodes/metrics of this node; no detail in either body). Until the kubelet has its certificate
+// (an approved CSR, docs/controllers.md) the listener waits and says so once; afterwards the
+// file is looked at every pollMs and a rotated certificate is served to new connections.
+//
+// Bounds as the loopback listener's (guardConnections): counted and timed once past the
+// handshake; the handshake itself must end within headersMs, and net's maxConnections (twice
+// the cap) refuses sockets beyond that while handshakes are pending.
+import type { IncomingMessage, ServerResponse } from "node:http";
+import type { Server as HttpsServer } from "node:https";
+import { readFile, stat } from "node:fs/promises";
+import path from "node:path";
+import type { KubeClient } from "../lib/kube/client.ts";
+import { MetricsAuthorizer } from "./metrics-auth.ts";
+import {
+  closeServer,
+  guardConnections,
+  LISTENER_LIMITS,
+  listen,
+  metricsHandler,
+  type MetricsServerOptions,
+  parseAddress,
+} from "./metrics-server.ts";
+
+/** The kubelet's current serving certificate and key, one PEM file (a symlink it rotates). */
+export const KUBELET_SERVING_CERT = "/var/lib/kubelet/pki/kubelet-server-current.pem";
+
+export interface SecureMetricsOptions extends MetricsServerOptions {
+  address: string;
+  /** Under --root. */
+  root: string;
+  nodeName: string;
+  kube: () => KubeClient | undefined;
+  certFile?: string;
+  /** How often the certificate is looked for, and at for rotation (default 30 s). */
+  pollMs?: number;
+}
+
+export interface SecureMetrics {
+  /** Resolves once listening (never, if closed before). */
+  readonly listening: Promise<{ host: string; port: number }>;
+  close(): Promise<void>;
+}
+
+export async function startSecureMetrics(o: SecureMetricsOptions): Promise<SecureMetrics> {
+  const { host, port } = parseAddress(o.address);
+  const where = host.includes(":") ? `[${host}]:${port}` : `${host}:${port}`;
+  const certFile = path.join(o.root, o.certFile ?? KUBELET_SERVING_CERT);
+  const limits = o.limits ?? LISTENER_LIMITS;
+  const log = o.log.child({ component: "metrics-secure" });
+  const authz = new MetricsAuthorizer({ kube: o.kube, nodeName: o.nodeName });
+  const serve = metricsHandler(o);
+  let lastReviewError: string | undefined;
+  const handle = (req: IncomingMessage, res: ServerResponse) => {
+    void authz.check(req.headers.authorization).then((verdict) => {
+      if (verdict === 200) return serve(req, res);
+      if (verdict === 503 && authz.lastError !== lastReviewError)
+        log.warn(
+          `metrics on ${where}: cannot review a scrape's token with the API server (answered 503): ${authz.lastError}`,
+        );
+      lastReviewError = authz.lastError;
+      const headers: Record<string, string> = { "content-type": "text/plain" };
+      if (verdict === 401) headers["www-authenticate"] = 'Bearer realm="bashible"';
+      res.writeHead(verdict, headers).end();
+    });
+  };
+
+  let server: HttpsServer | undefined;
+  let loaded: string | undefined; // the certificate file's identity when last read
+  let timer: NodeJS.Timeout | undefined;
+  let closed = false;
+  let said = "";
+  const once = (what: string, write: () => void) => {
+    if (what !== said) write();
+    said = what;
+  };
+  let resolveListening: (a: { host: string; port: number }) => void = () => {};
+  const listening = new Promise<{ host: string; port: number }>((r) => (resolveListening = r));
+
+  const tick = async (): Promise<void> => {
+    timer = undefined;
+    if (closed) return;
+    try {
+      const st = await stat(certFile).catch((err: NodeJS.ErrnoException) => {
+        if (err.code === "ENOENT") return undefined;
+        throw err;
+      });
+      if (!st) {
+        once("missing", () =>
+          log.warn(
+            { address: where, certFile },
+            `metrics on ${where} wait for the kubelet's serving certificate ${certFile} (its CSR must be approved: kubectl get csr); looking again every ${Math.round((o.pollMs ?? 30_000) / 1000)} s`,
+          ),
+        );
+      } else if (`${st.ino}:${st.mtimeMs}:${st.size}` !== loaded) {
+        const pem = await readFile(certFile);
+        const id = `${st.ino}:${st.mtimeMs}:${st.size}`;
+        if (!server) {
+          const s = process
+            .getBuiltinModule("node:https")
+            .createServer({ cert: pem, key: pem, handshakeTimeout: limits.headersMs, minVersion: "TLSv1.2" }, handle);
+          guardConnections(s, limits);
+          s.maxConnections = limits.maxConnections * 2;
+          await listen(s, { host, port });
+          if (closed) {
+            await closeServer(s);
+            return;
+          }
+          server = s;
+          const bound = s.address();
+          const actual = typeof bound === "object" && bound ? bound.port : port;
+          log.info({ address: where, certFile }, `metrics listening on ${where} (TLS, bearer token and nodes/metrics)`);
+          resolveListening({ host, port: actual });
+        } else {
+          server.setSecureContext({ cert: pem, key: pem });
+          log.info({ certFile }, "metrics: serving the kubelet's rotated certificate");
+        }
+        loaded = id;
+        said = "";
+      }
+    } catch (err) {
+      const e = err as NodeJS.ErrnoException;
+      once(e.code ?? e.message, () =>
+        log.error(
+          { address: where, certFile, error: e.code },
+          `metrics on ${where} not served: ${e.message}; retrying every ${Math.round((o.pollMs ?? 30_000) / 1000)} s (change it with --metrics-secure-address IP:PORT, or off)`,
+        ),
+      );
+    }
+    if (!closed) {
+      timer = setTimeout(() => void tick(), o.pollMs ?? 30_000);
+      timer.unref();
+    }
+  };
+  const first = tick();
+  return {
+    listening,
+    async close() {
+      closed = true;
+      await first;
+      clearTimeout(timer);
+      if (server) await closeServer(server);
+    },
+  };
+}
