@@ -11,6 +11,7 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { Server as HttpsServer } from "node:https";
 import { readFile, stat } from "node:fs/promises";
+import { isIP } from "node:net";
 import path from "node:path";
 import type { KubeClient } from "../lib/kube/client.ts";
 import { MetricsAuthorizer } from "./metrics-auth.ts";
@@ -26,6 +27,22 @@ import {
 
 /** The kubelet's current serving certificate and key, one PEM file (a symlink it rotates). */
 export const KUBELET_SERVING_CERT = "/var/lib/kubelet/pki/kubelet-server-current.pem";
+
+/** The address's host that stands for the Node's InternalIP. */
+export const INTERNAL = "internal";
+
+async function internalIP(kube: () => KubeClient | undefined, node: string): Promise<string | undefined> {
+  const k = kube();
+  if (!k) return undefined;
+  const n = await k
+    .request<{ status?: { addresses?: { type?: string; address?: string }[] } }>(
+      "GET",
+      `/api/v1/nodes/${encodeURIComponent(node)}`,
+      { timeoutMs: 5000 },
+    )
+    .catch(() => undefined);
+  return n?.status?.addresses?.find((a) => a.type === "InternalIP" && isIP(a.address ?? ""))?.address;
+}
 
 export interface SecureMetricsOptions extends MetricsServerOptions {
   address: string;
@@ -45,8 +62,12 @@ export interface SecureMetrics {
 }
 
 export async function startSecureMetrics(o: SecureMetricsOptions): Promise<SecureMetrics> {
-  const { host, port } = parseAddress(o.address);
-  const where = host.includes(":") ? `[${host}]:${port}` : `${host}:${port}`;
+  const parsed = parseAddress(o.address);
+  const port = parsed.port;
+  // "internal:PORT": the Node's InternalIP, read once with the kubelet's credentials (a node may
+  // get its own Node), so one drop-in serves every node of a group.
+  let host: string | undefined = parsed.host === INTERNAL ? undefined : parsed.host;
+  let where = `${parsed.host}:${port}`;
   const certFile = path.join(o.root, o.certFile ?? KUBELET_SERVING_CERT);
   const limits = o.limits ?? LISTENER_LIMITS;
   const log = o.log.child({ component: "metrics-secure" });
@@ -83,6 +104,19 @@ export async function startSecureMetrics(o: SecureMetricsOptions): Promise<Secur
     timer = undefined;
     if (closed) return;
     try {
+      if (host === undefined) {
+        host = await internalIP(o.kube, o.nodeName);
+        if (host === undefined) {
+          once("no-ip", () =>
+            log.warn(
+              { address: where },
+              `metrics on ${where} wait for Node ${o.nodeName}'s InternalIP (status.addresses, with the kubelet's credentials); looking again every ${Math.round((o.pollMs ?? 30_000) / 1000)} s`,
+            ),
+          );
+          return;
+        }
+        where = host.includes(":") ? `[${host}]:${port}` : `${host}:${port}`;
+      }
       const st = await stat(certFile).catch((err: NodeJS.ErrnoException) => {
         if (err.code === "ENOENT") return undefined;
         throw err;
@@ -98,12 +132,13 @@ export async function startSecureMetrics(o: SecureMetricsOptions): Promise<Secur
         const pem = await readFile(certFile);
         const id = `${st.ino}:${st.mtimeMs}:${st.size}`;
         if (!server) {
+          const bindTo = host;
           const s = process
             .getBuiltinModule("node:https")
             .createServer({ cert: pem, key: pem, handshakeTimeout: limits.headersMs, minVersion: "TLSv1.2" }, handle);
           guardConnections(s, limits);
           s.maxConnections = limits.maxConnections * 2;
-          await listen(s, { host, port });
+          await listen(s, { host: bindTo, port });
           if (closed) {
             await closeServer(s);
             return;
@@ -112,7 +147,7 @@ export async function startSecureMetrics(o: SecureMetricsOptions): Promise<Secur
           const bound = s.address();
           const actual = typeof bound === "object" && bound ? bound.port : port;
           log.info({ address: where, certFile }, `metrics listening on ${where} (TLS, bearer token and nodes/metrics)`);
-          resolveListening({ host, port: actual });
+          resolveListening({ host: bindTo, port: actual });
         } else {
           server.setSecureContext({ cert: pem, key: pem });
           log.info({ certFile }, "metrics: serving the kubelet's rotated certificate");
@@ -128,10 +163,11 @@ export async function startSecureMetrics(o: SecureMetricsOptions): Promise<Secur
           `metrics on ${where} not served: ${e.message}; retrying every ${Math.round((o.pollMs ?? 30_000) / 1000)} s (change it with --metrics-secure-address IP:PORT, or off)`,
         ),
       );
-    }
-    if (!closed) {
-      timer = setTimeout(() => void tick(), o.pollMs ?? 30_000);
-      timer.unref();
+    } finally {
+      if (!closed) {
+        timer = setTimeout(() => void tick(), o.pollMs ?? 30_000);
+        timer.unref();
+      }
     }
   };
   const first = tick();

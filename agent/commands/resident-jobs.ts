@@ -20,10 +20,11 @@ export const RESIDENT_OPTIONS: OptionSpec = {
 
 export const RESIDENT_HELP = `      --metrics-address HOST:PORT|off  Prometheus metrics at /metrics and early OOM's state at
                           /early-oom (default 127.0.0.1:9650)
-      --metrics-secure-address IP:PORT|off  the same for an in-cluster Prometheus: TLS with the
-                          kubelet's serving certificate, a bearer token that may get nodes/metrics
-                          of this node (default off: opening a port off the node is the
-                          operator's choice, and it needs the API server; e.g. <InternalIP>:9650)
+      --metrics-secure-address IP:PORT|internal:PORT|off  the same for an in-cluster
+                          Prometheus: TLS with the kubelet's serving certificate, only to a bearer
+                          token that may get nodes/metrics of this node; internal = the Node's
+                          InternalIP (default off: a port open off the node is the operator's
+                          choice, and it needs the API server; e.g. internal:9650)
       --early-oom on|off|dry-run  kill the right pod under memory pressure (default on); dry-run
                           logs the decision and kills nothing
       --early-oom-config FILE  early OOM settings as JSON (docs/early-oom.md); defaults fill the rest

@@ -193,3 +193,31 @@ t.test("waits for the kubelet's certificate with one log line, then serves it, a
   t.equal(rotated.status, 200, "the rotated certificate serves, the token still checked");
   t.ok(log.lines.some((l) => /rotated certificate/.test(l.msg)));
 });
+
+t.test("internal:PORT waits for the Node's InternalIP, then listens there", async (t) => {
+  const root = path.join(dir, "internal");
+  await servingPem(root, "serving-internal");
+  await cp.admin.request("POST", "/api/v1/nodes", {
+    body: { apiVersion: "v1", kind: "Node", metadata: { name: NODE } },
+  });
+  const log = captureLogger();
+  const port = await freePort();
+  const secure = await startSecureMetrics({
+    registry: new Registry(),
+    address: `internal:${port}`,
+    root,
+    log,
+    nodeName: NODE,
+    kube: () => kubelet,
+    pollMs: 50,
+  });
+  t.teardown(() => secure.close());
+  await until("the waiting line", () => log.lines.find((l) => /wait for Node metrics-node-1's InternalIP/.test(l.msg)));
+  await cp.admin.request("PATCH", `/api/v1/nodes/${NODE}/status`, {
+    contentType: "application/merge-patch+json",
+    body: { status: { addresses: [{ type: "InternalIP", address: "127.0.0.1" }] } },
+  });
+  t.same(await secure.listening, { host: "127.0.0.1", port }, "bound to the InternalIP");
+  t.equal((await get(port, allowed)).status, 200);
+  t.equal((await get(port)).status, 401);
+});
