@@ -6,12 +6,13 @@
 // file is looked at every pollMs and a rotated certificate is served to new connections.
 //
 // Bounds as the loopback listener's (guardConnections): counted and timed once past the
-// handshake; the handshake itself must end within headersMs, and net's maxConnections (twice
-// the cap) refuses sockets beyond that while handshakes are pending.
+// handshake; the handshake itself must end within headersMs, and beyond maxConnections sockets
+// still in their handshake the oldest of them is closed (boundHandshakes), so sockets held open
+// without a handshake cannot keep a scrape out.
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { Server as HttpsServer } from "node:https";
 import { readFile, stat } from "node:fs/promises";
-import { isIP } from "node:net";
+import { isIP, type Socket } from "node:net";
 import path from "node:path";
 import type { KubeClient } from "../lib/kube/client.ts";
 import { MetricsAuthorizer } from "./metrics-auth.ts";
@@ -42,6 +43,28 @@ async function internalIP(kube: () => KubeClient | undefined, node: string): Pro
     )
     .catch(() => undefined);
   return n?.status?.addresses?.find((a) => a.type === "InternalIP" && isIP(a.address ?? ""))?.address;
+}
+
+/**
+ * At most `max` sockets in their TLS handshake; the oldest makes way for a new one. A TLS socket
+ * is matched to its TCP socket by the peer's address and port (unique among live connections).
+ */
+function boundHandshakes(server: HttpsServer, max: number): void {
+  const pending = new Map<string, Socket>(); // insertion order: oldest first
+  const peer = (s: { remoteAddress?: string; remotePort?: number }) => `${s.remoteAddress}|${s.remotePort}`;
+  server.on("connection", (raw: Socket) => {
+    const key = peer(raw);
+    pending.set(key, raw);
+    raw.once("close", () => {
+      if (pending.get(key) === raw) pending.delete(key);
+    });
+    if (pending.size > max) {
+      const [oldestKey, oldest] = pending.entries().next().value as [string, Socket];
+      pending.delete(oldestKey);
+      oldest.destroy();
+    }
+  });
+  server.on("secureConnection", (s: Socket) => pending.delete(peer(s)));
 }
 
 export interface SecureMetricsOptions extends MetricsServerOptions {
@@ -137,7 +160,7 @@ export async function startSecureMetrics(o: SecureMetricsOptions): Promise<Secur
             .getBuiltinModule("node:https")
             .createServer({ cert: pem, key: pem, handshakeTimeout: limits.headersMs, minVersion: "TLSv1.2" }, handle);
           guardConnections(s, limits);
-          s.maxConnections = limits.maxConnections * 2;
+          boundHandshakes(s, limits.maxConnections);
           await listen(s, { host: bindTo, port });
           if (closed) {
             await closeServer(s);

@@ -7,11 +7,13 @@ import t from "tap";
 import { mkdir, mkdtemp, readFile, rename, rm, writeFile } from "node:fs/promises";
 import { request } from "node:https";
 import { request as plainRequest } from "node:http";
+import { connect, type Socket } from "node:net";
 import os from "node:os";
 import path from "node:path";
 import type { TLSSocket } from "node:tls";
 import { startResidentJobs } from "../../agent/commands/resident-jobs.ts";
 import { KUBELET_SERVING_CERT, startSecureMetrics } from "../../agent/metrics-secure.ts";
+import { LISTENER_LIMITS } from "../../agent/metrics-server.ts";
 import { KubeClient } from "../../lib/kube/client.ts";
 import { loadKubeconfig } from "../../lib/kube/kubeconfig.ts";
 import { issueCert } from "../../lib/pki.ts";
@@ -220,4 +222,43 @@ t.test("internal:PORT waits for the Node's InternalIP, then listens there", asyn
   t.same(await secure.listening, { host: "127.0.0.1", port }, "bound to the InternalIP");
   t.equal((await get(port, allowed)).status, 200);
   t.equal((await get(port)).status, 401);
+});
+
+t.test("200 sockets that never start TLS: a scrape is still answered, and at most the cap stay open", async (t) => {
+  const root = path.join(dir, "flood");
+  await servingPem(root, "serving-flood");
+  const secure = await startSecureMetrics({
+    registry: new Registry(),
+    address: `127.0.0.1:${await freePort()}`,
+    root,
+    log: captureLogger(),
+    nodeName: NODE,
+    kube: () => kubelet,
+    // Handshake and idle timeouts far beyond the wait below: only the cap can close them in time.
+    limits: { ...LISTENER_LIMITS, headersMs: 300_000, idleMs: 300_000 },
+  });
+  t.teardown(() => secure.close());
+  const { port } = await secure.listening;
+  const idle = await Promise.all(
+    Array.from(
+      { length: 200 },
+      () =>
+        new Promise<Socket>((resolve) => {
+          const s = connect(port, "127.0.0.1");
+          s.on("error", () => undefined);
+          s.once("connect", () => resolve(s));
+          s.once("close", () => resolve(s));
+        }),
+    ),
+  );
+  t.teardown(() => {
+    for (const s of idle) s.destroy();
+  });
+  const open = () => idle.filter((s) => !s.destroyed && s.readyState === "open").length;
+  await until(
+    `the listener to hold at most ${LISTENER_LIMITS.maxConnections} of them`,
+    () => open() <= LISTENER_LIMITS.maxConnections,
+  );
+  t.equal((await get(port, allowed)).status, 200, "the scrape is answered");
+  t.ok(open() <= LISTENER_LIMITS.maxConnections, `${open()} of 200 still open`);
 });
