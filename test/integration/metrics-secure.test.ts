@@ -151,6 +151,13 @@ t.test("bashible run's jobs: allowed 200, not allowed 403, no or garbage token 4
   t.equal(local.status, 200, "the loopback listener needs no token");
   t.match(local.body, /^bashible_test_up 1$/m);
 
+  // The reviews above were the kubelet's: allowed by the Node authorizer, not by an RBAC binding.
+  const binding = await cp.admin.request<{ subjects?: unknown[] }>(
+    "GET",
+    "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/system:node",
+  );
+  t.same(binding.subjects ?? [], [], "system:node is bound to no one: the Node authorizer let the node review");
+
   const logged = JSON.stringify(log.lines);
   t.notOk(logged.includes(allowed) || logged.includes(denied), "no token in the log");
   t.ok(log.lines.some((l) => /metrics listening on 127\.0\.0\.1:\d+ \(TLS/.test(l.msg)));
