@@ -15,6 +15,7 @@
 // closed, and at the cap the oldest connection without a request in progress makes way for the
 // new one, so a scrape is answered however many sockets a local user holds open.
 import type { IncomingMessage, Server, ServerResponse } from "node:http";
+import type { Server as HttpsServer } from "node:https";
 import { lstat, mkdir, readFile, readdir, readlink, chmod, unlink } from "node:fs/promises";
 import { connect, type Socket } from "node:net";
 import path from "node:path";
@@ -83,7 +84,8 @@ export interface MetricsServerOptions {
   limits?: typeof LISTENER_LIMITS;
 }
 
-function handler(o: MetricsServerOptions) {
+/** The endpoint's answers (/metrics, the JSON documents), shared by every listener. */
+export function metricsHandler(o: MetricsServerOptions) {
   return (req: IncomingMessage, res: ServerResponse) => {
     const url = (req.url ?? "/").split("?")[0] ?? "/";
     if (req.method !== "GET" && req.method !== "HEAD") {
@@ -118,9 +120,12 @@ function handler(o: MetricsServerOptions) {
  * sending its headers) is closed to make way. A new connection is never the one refused while an
  * older one only sits there. The timers are per connection: a listener nobody talks to costs no
  * wake-ups (Node's own sweep of headersTimeout/requestTimeout, a timer per server, stays at its
- * default 30 s as a backstop).
+ * default 30 s as a backstop). On a TLS server the connections counted are the ones past their
+ * handshake (the socket a request arrives on); the handshake itself is bounded by the server's
+ * handshakeTimeout and net's maxConnections (see metrics-secure.ts).
  */
-export function guardConnections(server: Server, limits = LISTENER_LIMITS): void {
+export function guardConnections(server: Server | HttpsServer, limits = LISTENER_LIMITS): void {
+  const opened = "setSecureContext" in server ? "secureConnection" : "connection";
   server.headersTimeout = limits.headersMs;
   server.requestTimeout = limits.requestMs;
   server.keepAliveTimeout = limits.idleMs;
@@ -133,7 +138,7 @@ export function guardConnections(server: Server, limits = LISTENER_LIMITS): void
       socket,
       setTimeout(() => socket.destroy(), limits.headersMs),
     );
-  server.on("connection", (socket: Socket) => {
+  server.on(opened, (socket: Socket) => {
     open.add(socket);
     awaitHeaders(socket);
     socket.once("close", () => {
@@ -162,12 +167,15 @@ export function guardConnections(server: Server, limits = LISTENER_LIMITS): void
 }
 
 function newServer(o: MetricsServerOptions): Server {
-  const server = http().createServer(handler(o));
+  const server = http().createServer(metricsHandler(o));
   guardConnections(server, o.limits ?? LISTENER_LIMITS);
   return server;
 }
 
-function listen(server: Server, where: { port: number; host: string } | { path: string }): Promise<void> {
+export function listen(
+  server: Server | HttpsServer,
+  where: { port: number; host: string } | { path: string },
+): Promise<void> {
   return new Promise<void>((resolve, reject) => {
     server.once("error", reject);
     server.listen(where, () => {
@@ -177,7 +185,7 @@ function listen(server: Server, where: { port: number; host: string } | { path: 
   });
 }
 
-function closeServer(server: Server): Promise<void> {
+export function closeServer(server: Server | HttpsServer): Promise<void> {
   return new Promise<void>((resolve) => {
     server.close(() => resolve());
     server.closeAllConnections();

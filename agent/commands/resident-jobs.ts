@@ -11,6 +11,7 @@ import type { EarlyOom, EarlyOomConfig } from "../early-oom/early-oom.ts";
 
 export const RESIDENT_OPTIONS: OptionSpec = {
   "metrics-address": { type: "string" },
+  "metrics-secure-address": { type: "string" },
   "early-oom": { type: "string" },
   "early-oom-config": { type: "string" },
   "proc-root": { type: "string" },
@@ -19,6 +20,11 @@ export const RESIDENT_OPTIONS: OptionSpec = {
 
 export const RESIDENT_HELP = `      --metrics-address HOST:PORT|off  Prometheus metrics at /metrics and early OOM's state at
                           /early-oom (default 127.0.0.1:9650)
+      --metrics-secure-address IP:PORT|internal:PORT|off  the same for an in-cluster
+                          Prometheus: TLS with the kubelet's serving certificate, only to a bearer
+                          token that may get nodes/metrics of this node; internal = the Node's
+                          InternalIP (default off: a port open off the node is the operator's
+                          choice, and it needs the API server; e.g. internal:9650)
       --early-oom on|off|dry-run  kill the right pod under memory pressure (default on); dry-run
                           logs the decision and kills nothing
       --early-oom-config FILE  early OOM settings as JSON (docs/early-oom.md); defaults fill the rest
@@ -77,7 +83,9 @@ export async function startResidentJobs(o: {
       throw err;
     }
   }
+  const secureAddress = (values["metrics-secure-address"] as string | undefined) ?? "off";
   let server: { close(): Promise<void> } | undefined;
+  let secure: { close(): Promise<void> } | undefined;
   if (address !== "off") {
     const { startMetricsEndpoint, MetricsAddressError } = await import("../metrics-server.ts");
     const eo = earlyOom;
@@ -90,6 +98,25 @@ export async function startResidentJobs(o: {
       json: eo ? { "/early-oom": () => eo.status() } : {},
     }).catch((err: Error) => {
       throw err instanceof MetricsAddressError ? new UsageError(err.message) : err;
+    });
+  }
+  if (secureAddress !== "off") {
+    const { MetricsAddressError } = await import("../metrics-server.ts");
+    const { startSecureMetrics } = await import("../metrics-secure.ts");
+    const eo = earlyOom;
+    // Waits for the kubelet's certificate and retries a taken address; never stops the agent.
+    secure = await startSecureMetrics({
+      registry,
+      address: secureAddress,
+      root,
+      log,
+      nodeName: o.nodeName,
+      kube: o.kube,
+      json: eo ? { "/early-oom": () => eo.status() } : {},
+    }).catch((err: Error) => {
+      throw err instanceof MetricsAddressError
+        ? new UsageError(`--metrics-secure-address: ${err.message.replace("metrics address", "the address")}`)
+        : err;
     });
   }
   // The node group's setting (NodeGroup spec.earlyOom, in the applied bundle) refines the flags:
@@ -126,7 +153,7 @@ export async function startResidentJobs(o: {
     refresh: () => follower?.refresh(),
     async stop() {
       follower?.close();
-      await Promise.all([earlyOom?.stop(), server?.close()]);
+      await Promise.all([earlyOom?.stop(), server?.close(), secure?.close()]);
     },
   };
 }
