@@ -115,10 +115,18 @@ t.test("a bare Debian machine prepared as Deckhouse prepares it", { skip, timeou
   await node.writeFile("/root/bundle.json", JSON.stringify(bundle));
   const before = { journald: await pid("systemd-journald"), rsyslog: await pid("rsyslog") };
 
+  // Exit 3: converged, with problems printed. In a container those are the kernel's: it shares
+  // the host's (no modules of its own, most of /proc/sys read-only); nothing else may be one.
+  const onlyTheKernels = (st: { steps: { problems?: { message: string }[] }[] }) =>
+    st.steps
+      .flatMap((s) => s.problems ?? [])
+      .map((p) => p.message)
+      .filter((m) => !/a container shares its host's kernel|is not in this kernel/.test(m));
   const first = await agent();
-  t.equal(first.exitCode, 0, `${first.stdout.slice(-3000)}\n${first.stderr.slice(-3000)}`);
+  t.ok(first.exitCode === 0 || first.exitCode === 3, `${first.stdout.slice(-3000)}\n${first.stderr.slice(-3000)}`);
   const st = await status();
   t.equal(st.lastRun?.outcome, "applied");
+  t.same(onlyTheKernels(st), [], "every problem is the shared kernel's");
 
   await t.test("distribution packages from the mirror, nginx held and its distribution unit off", async (t) => {
     const q = await sh(
@@ -229,8 +237,9 @@ t.test("a bare Debian machine prepared as Deckhouse prepares it", { skip, timeou
     const served = mirror.served.length;
     await sh(`rm -f ${PATHS.configurationChecksum}`);
     const again = await agent();
-    t.equal(again.exitCode, 0, again.stderr.slice(-2000));
+    t.ok(again.exitCode === 0 || again.exitCode === 3, again.stderr.slice(-2000));
     const s2 = await status();
+    t.same(onlyTheKernels(s2), [], "every problem is the shared kernel's");
     const changed = s2.steps
       .filter((s: { outcome: string }) => s.outcome !== "unchanged")
       .map((s: { name: string }) => s.name);
