@@ -59,6 +59,9 @@ const skip =
       ? `needs ${missing.join(", ")} (apt-get install systemd-container debootstrap docker-registry openssl)`
       : false;
 
+// Every wait below is bounded by its own \`until\`; the file's timeout is only the net under them:
+// three bare machines joining at once take 2–5 minutes on a loaded 2-core CI machine.
+t.setTimeout(30 * 60_000);
 const AUTOMATIC = { approvalMode: "Automatic", automatic: { drainBeforeApproval: true } };
 const UPDATE = { maxConcurrent: 1 };
 const hrNow = () => Number(process.hrtime.bigint()) / 1e6;

@@ -76,11 +76,15 @@ export const FLEET_SERVER_ARGS = [
 export const FLEET_CLUSTER = { scheduler: true, serverArgs: FLEET_SERVER_ARGS };
 
 const DROP_IN_DIR = "/etc/systemd/system/bashible.service.d";
-/** The operator's drop-in: the agent unit's ExecStart with the fleet's fencing timings. */
+/**
+ * The operator's drop-in: the agent unit's ExecStart with the fleet's fencing timings, and
+ * peers counted from the start (the fleet's Nodes are minutes old; by default a Node counts as
+ * a peer once it is 10 minutes old, so a freshly made member cannot vouch for anyone).
+ */
 export const FENCING_DROP_IN = `# e2e fleet: fencing in seconds rather than minutes (docs/testing.md)
 [Service]
 ExecStart=
-ExecStart=/opt/deckhouse/lib/bashible/bashible run --fencing-timings ${FLEET_AGENT_TIMINGS}
+ExecStart=/opt/deckhouse/lib/bashible/bashible run --fencing-timings ${FLEET_AGENT_TIMINGS} --fencing-peer-min-age 0
 `;
 
 export interface FleetNode {
