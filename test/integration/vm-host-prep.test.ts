@@ -63,6 +63,11 @@ else {
   };
 
   const fenced = (await hostPrepSteps({ fencing: true })).filter((s) => KINDS.includes(s.kind));
+  // Rendered before the subtests: between two of them nothing may hold the event loop (the VM's
+  // processes are not waited on), and tap ends the root test when the loop runs dry.
+  const limited = (
+    await hostPrepSteps({ memorySwap: { swapBehavior: "LimitedSwap", limitedSwap: { size: "1G" }, swappiness: 30 } })
+  ).filter((s) => KINDS.includes(s.kind));
 
   await t.test(
     "swap on before the join, off after; modules loaded; kernel parameters set, kernel.panic 0",
@@ -113,10 +118,6 @@ else {
     t.same(await sysctl("kernel.panic", "net.core.somaxconn"), ["0", "1000"]);
     t.equal((await sh("systemctl show -p Result --value sysctl-tuner.service")).trim(), "success");
   });
-
-  const limited = (
-    await hostPrepSteps({ memorySwap: { swapBehavior: "LimitedSwap", limitedSwap: { size: "1G" }, swappiness: 30 } })
-  ).filter((s) => KINDS.includes(s.kind));
 
   await t.test("LimitedSwap: the swap file of the size asked, on, with the group's swappiness", async (t) => {
     const r = await converge(limited);
