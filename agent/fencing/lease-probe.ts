@@ -13,7 +13,8 @@
 import { isIP } from "node:net";
 import tls from "node:tls";
 import type { KubeConnection } from "../../lib/kube/kubeconfig.ts";
-import { classifyTransportError, type KubeError, KubeStatusError, KubeTimeoutError } from "../../lib/kube/errors.ts";
+import { statusError } from "../../lib/kube/client.ts";
+import { classifyTransportError, type KubeError, KubeTimeoutError } from "../../lib/kube/errors.ts";
 
 /** A Lease is a few hundred bytes; anything this large is not the answer to this request. */
 const MAX_BYTES = 64 * 1024;
@@ -189,17 +190,6 @@ export class LeaseProbe {
 
 /** The answer as KubeClient.request would give it: the JSON body, or a KubeStatusError. */
 export function jsonOf<T>(res: ProbeResponse, url: string): T {
-  if (res.status < 200 || res.status >= 300) {
-    let reason = "";
-    let message = res.body.toString("utf8").slice(0, 500);
-    try {
-      const st = JSON.parse(res.body.toString("utf8")) as { reason?: string; message?: string };
-      reason = st.reason ?? "";
-      message = st.message ?? message;
-    } catch {
-      // not a Status object; the raw text is the message
-    }
-    throw new KubeStatusError(res.status, reason, `GET ${url}: ${res.status} ${message}`, url);
-  }
+  if (res.status < 200 || res.status >= 300) throw statusError("GET", url, res);
   return JSON.parse(res.body.toString("utf8")) as T;
 }

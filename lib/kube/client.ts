@@ -201,11 +201,7 @@ export class KubeClient {
     if ((res.statusCode ?? 0) >= 300) {
       const chunks: Buffer[] = [];
       for await (const c of res) chunks.push(c as Buffer);
-      throw statusError(method, url, {
-        status: res.statusCode ?? 0,
-        headers: res.headers,
-        body: Buffer.concat(chunks),
-      });
+      throw statusError(method, url, { status: res.statusCode ?? 0, body: Buffer.concat(chunks) });
     }
     const idleMs = opts.idleTimeoutMs;
     let idleTimer: NodeJS.Timeout | undefined;
@@ -254,7 +250,8 @@ export class KubeClient {
   }
 }
 
-function statusError(method: string, url: string, res: RawResponse): KubeStatusError {
+/** A non-2xx answer as a KubeStatusError: the Status object's reason and message when it is one. */
+export function statusError(method: string, url: string, res: Pick<RawResponse, "status" | "body">): KubeStatusError {
   let reason = "";
   let message = res.body.toString("utf8").slice(0, 500);
   try {
