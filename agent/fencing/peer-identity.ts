@@ -106,12 +106,10 @@ export function servingIdentityProblem(
   peer: { name: string; address: string },
 ): string | undefined {
   if (!cert) return "no certificate presented";
-  const problem = chainProblem(cert, cas, nowMs);
-  if (problem) return problem;
-  const node = nodeOfSubject(cert);
-  if (node === undefined)
-    return `certificate subject ${oneLine(cert.subject)} is not a node (system:node:<name>, O=system:nodes)`;
-  if (node !== peer.name) return `answered as ${node}`;
+  // First what an asker's certificate must show (the cluster CA, valid now, a node's subject).
+  const who = askerIdentity(cert, cas, nowMs);
+  if ("error" in who) return who.error;
+  if (who.node !== peer.name) return `answered as ${who.node}`;
   if (!(cert.keyUsage ?? []).includes(SERVER_AUTH))
     return "not a serving certificate (no serverAuth usage): a kubelet client certificate proves no address";
   if (!namesIp(cert, peer.address))

@@ -18,8 +18,6 @@ import { askerIdentity, parseCAs, servingIdentityProblem } from "./peer-identity
 import { ConnectionGate, type PeerLimits } from "./peer-limits.ts";
 import type { ServingTls } from "./serving-cert.ts";
 
-export { parseCAs } from "./peer-identity.ts";
-
 /** This node's kubelet client certificate (what it asks with) and the cluster CA. */
 export interface PeerTls {
   /** The kubelet client certificate and key. */
