@@ -136,17 +136,10 @@ export class NodeFollower {
           this.setNodes(new Map([...informer.objects.values()].map((o) => [o.metadata.name, nodeView(o)])));
           return;
         }
-        const name = ev.object.metadata.name;
-        const before = this.nodes.get(name);
         if (ev.type === "DELETED") {
-          this.nodes.delete(name);
+          this.nodes.delete(ev.object.metadata.name);
           this.changed();
-          return;
-        }
-        const view = nodeView(ev.object);
-        this.nodes.set(name, view);
-        // Most Node updates are a kubelet's status report: nothing fencing reads changes.
-        if (!before || peerKey(before) !== peerKey(view)) this.changed();
+        } else this.put(nodeView(ev.object));
       },
     });
     this.informer = informer;
@@ -171,9 +164,14 @@ export class NodeFollower {
 
   /** A Node object this agent just read or patched, newer than the list. */
   saw(node: KubeObject): void {
-    const before = this.nodes.get(node.metadata.name);
-    const view = nodeView(node);
-    this.nodes.set(node.metadata.name, view);
+    this.put(nodeView(node));
+  }
+
+  /** A Node added or updated; a change only when what fencing reads of it moved. */
+  private put(view: NodeView): void {
+    const before = this.nodes.get(view.name);
+    this.nodes.set(view.name, view);
+    // Most Node updates are a kubelet's status report: nothing fencing reads changes.
     if (!before || peerKey(before) !== peerKey(view)) this.changed();
   }
 
