@@ -17,8 +17,10 @@ import path from "node:path";
 import type { KubeClient } from "../lib/kube/client.ts";
 import { MetricsAuthorizer } from "./metrics-auth.ts";
 import {
+  boundPort,
   closeServer,
   guardConnections,
+  hostPort,
   LISTENER_LIMITS,
   listen,
   metricsHandler,
@@ -67,6 +69,9 @@ function boundHandshakes(server: HttpsServer, max: number): void {
   server.on("secureConnection", (s: Socket) => pending.delete(peer(s)));
 }
 
+/** A file's identity: another inode, time or size is another certificate to load. */
+const identity = (st: { ino: number; mtimeMs: number; size: number }) => `${st.ino}:${st.mtimeMs}:${st.size}`;
+
 export interface SecureMetricsOptions extends MetricsServerOptions {
   address: string;
   /** Under --root. */
@@ -93,6 +98,7 @@ export async function startSecureMetrics(o: SecureMetricsOptions): Promise<Secur
   let where = `${parsed.host}:${port}`;
   const certFile = path.join(o.root, o.certFile ?? KUBELET_SERVING_CERT);
   const limits = o.limits ?? LISTENER_LIMITS;
+  const pollMs = o.pollMs ?? 30_000;
   const log = o.log.child({ component: "metrics-secure" });
   const authz = new MetricsAuthorizer({ kube: o.kube, nodeName: o.nodeName });
   const serve = metricsHandler(o);
@@ -133,12 +139,12 @@ export async function startSecureMetrics(o: SecureMetricsOptions): Promise<Secur
           once("no-ip", () =>
             log.warn(
               { address: where },
-              `metrics on ${where} wait for Node ${o.nodeName}'s InternalIP (status.addresses, with the kubelet's credentials); looking again every ${Math.round((o.pollMs ?? 30_000) / 1000)} s`,
+              `metrics on ${where} wait for Node ${o.nodeName}'s InternalIP (status.addresses, with the kubelet's credentials); looking again every ${Math.round(pollMs / 1000)} s`,
             ),
           );
           return;
         }
-        where = host.includes(":") ? `[${host}]:${port}` : `${host}:${port}`;
+        where = hostPort(host, port);
       }
       const st = await stat(certFile).catch((err: NodeJS.ErrnoException) => {
         if (err.code === "ENOENT") return undefined;
@@ -148,12 +154,11 @@ export async function startSecureMetrics(o: SecureMetricsOptions): Promise<Secur
         once("missing", () =>
           log.warn(
             { address: where, certFile },
-            `metrics on ${where} wait for the kubelet's serving certificate ${certFile} (its CSR must be approved: kubectl get csr); looking again every ${Math.round((o.pollMs ?? 30_000) / 1000)} s`,
+            `metrics on ${where} wait for the kubelet's serving certificate ${certFile} (its CSR must be approved: kubectl get csr); looking again every ${Math.round(pollMs / 1000)} s`,
           ),
         );
-      } else if (`${st.ino}:${st.mtimeMs}:${st.size}` !== loaded) {
+      } else if (identity(st) !== loaded) {
         const pem = await readFile(certFile);
-        const id = `${st.ino}:${st.mtimeMs}:${st.size}`;
         if (!server) {
           const bindTo = host;
           const s = process
@@ -167,15 +172,13 @@ export async function startSecureMetrics(o: SecureMetricsOptions): Promise<Secur
             return;
           }
           server = s;
-          const bound = s.address();
-          const actual = typeof bound === "object" && bound ? bound.port : port;
           log.info({ address: where, certFile }, `metrics listening on ${where} (TLS, bearer token and nodes/metrics)`);
-          resolveListening({ host: bindTo, port: actual });
+          resolveListening({ host: bindTo, port: boundPort(s, port) });
         } else {
           server.setSecureContext({ cert: pem, key: pem });
           log.info({ certFile }, "metrics: serving the kubelet's rotated certificate");
         }
-        loaded = id;
+        loaded = identity(st);
         said = "";
       }
     } catch (err) {
@@ -183,12 +186,12 @@ export async function startSecureMetrics(o: SecureMetricsOptions): Promise<Secur
       once(e.code ?? e.message, () =>
         log.error(
           { address: where, certFile, error: e.code },
-          `metrics on ${where} not served: ${e.message}; retrying every ${Math.round((o.pollMs ?? 30_000) / 1000)} s (change it with --metrics-secure-address IP:PORT, or off)`,
+          `metrics on ${where} not served: ${e.message}; retrying every ${Math.round(pollMs / 1000)} s (change it with --metrics-secure-address IP:PORT, or off)`,
         ),
       );
     } finally {
       if (!closed) {
-        timer = setTimeout(() => void tick(), o.pollMs ?? 30_000);
+        timer = setTimeout(() => void tick(), pollMs);
         timer.unref();
       }
     }

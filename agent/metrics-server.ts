@@ -61,6 +61,15 @@ export function parseAddress(addr: string): { host: string; port: number } {
   return { host: m[1] ?? (m[2] || "127.0.0.1"), port };
 }
 
+/** HOST:PORT as an address is written (an IPv6 host in brackets). */
+export const hostPort = (host: string, port: number) => (host.includes(":") ? `[${host}]:${port}` : `${host}:${port}`);
+
+/** The port a listening server is bound to (`fallback` when it reports none: a unix socket). */
+export function boundPort(server: Server | HttpsServer, fallback: number): number {
+  const bound = server.address();
+  return typeof bound === "object" && bound ? bound.port : fallback;
+}
+
 const asEscape = (c: string) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`;
 
 /**
@@ -204,10 +213,9 @@ export async function startMetricsServer(o: MetricsServerOptions & { address: st
   const { host, port } = parseAddress(o.address);
   const server = newServer(o);
   await listen(server, { port, host });
-  const bound = server.address();
   return {
     host,
-    port: typeof bound === "object" && bound ? bound.port : port,
+    port: boundPort(server, port),
     close: () => closeServer(server),
   };
 }
@@ -300,7 +308,7 @@ export async function startMetricsEndpoint(
   o: MetricsServerOptions & { address: string; root: string; retry?: { baseMs: number; maxMs: number } },
 ): Promise<MetricsEndpoint> {
   const { host, port } = parseAddress(o.address);
-  const address = host.includes(":") ? `[${host}]:${port}` : `${host}:${port}`;
+  const address = hostPort(host, port);
   const log = o.log.child({ component: "metrics" });
   const stateFile = path.join(o.root, METRICS_STATE);
   const socket = await serveSocket(o, path.join(o.root, METRICS_SOCKET), log);
@@ -335,9 +343,7 @@ export async function startMetricsEndpoint(
         await closeServer(tcp);
         return;
       }
-      const bound = tcp.address();
-      const actual = typeof bound === "object" && bound ? bound.port : port;
-      const where = host.includes(":") ? `[${host}]:${actual}` : `${host}:${actual}`;
+      const where = hostPort(host, boundPort(tcp, port));
       backoff.reset();
       record({
         pid: process.pid,
