@@ -11,11 +11,11 @@
 import { ADOPTION, DECKHOUSE } from "../../bundles/deckhouse-node.ts";
 import { PATHS } from "../../bundles/paths.ts";
 import { UNITS } from "../../bundles/steps/index.ts";
-import { Host } from "../../host/host.ts";
+import { type FileStat, Host } from "../../host/host.ts";
 import { VERSION } from "../../lib/version.ts";
 import { type ConvergeOptions, converge, osProfile, planWithBundle, type PlanReport } from "../converge/converge.ts";
 import type { NodeGroupBundle } from "../../bundles/types.ts";
-import { type Recognition, recognize } from "./recognize.ts";
+import type { Recognition } from "./recognize.ts";
 import { type AdoptionRecord, type SavedFile, readRecord, writeRecord } from "./record.ts";
 
 export interface AdoptionPlan {
@@ -43,10 +43,11 @@ export class AdoptRefused extends Error {
   override name = "AdoptRefused";
 }
 
-/** The adoption plan: recognition, the converge's plan, and adoption's own changes. Changes nothing. */
-export async function planAdoption(o: ConvergeOptions): Promise<AdoptionPlan> {
-  const host = new Host(o.root, await osProfile(o.root));
-  const recognition = await recognize(host);
+/**
+ * The adoption plan: `recognition` (of the node under `host`), the converge's plan, and
+ * adoption's own changes. Changes nothing.
+ */
+export async function planAdoption(o: ConvergeOptions, host: Host, recognition: Recognition): Promise<AdoptionPlan> {
   const { report, bundle } = await planWithBundle(o);
   const save = new Set<string>();
   const create: string[] = [];
@@ -156,20 +157,23 @@ function revertCommands(r: AdoptionRecord): string[] {
   ];
 }
 
+/** Copies the file `from` (stat `st`) to `to`, mode and owner kept, its directory root-only; false when unreadable. */
+async function copyOut(host: Host, from: string, st: FileStat, to: string): Promise<boolean> {
+  const content = await host.readFile(from);
+  if (content === undefined) return false;
+  await host.mkdir(to.slice(0, to.lastIndexOf("/")), { mode: 0o700 });
+  await host.writeFile(to, content, { mode: st.mode, uid: st.uid, gid: st.gid });
+  return true;
+}
+
 /** Saves a copy of a node file under ADOPTION.saved, once: a resumed adoption keeps the first copy. */
 async function saveOnce(host: Host, p: string): Promise<SavedFile | undefined> {
   const copy = savedCopy(p);
   if (await host.exists(copy)) return { path: p, copy };
   const st = await host.stat(p);
   if (!st) return undefined;
-  if (st.isSymlink) {
-    await host.symlink(copy, (await host.fs.readLink(p)) ?? "");
-  } else if (st.isFile) {
-    const content = await host.readFile(p);
-    if (content === undefined) return undefined;
-    await host.mkdir(copy.slice(0, copy.lastIndexOf("/")), { mode: 0o700 });
-    await host.writeFile(copy, content, { mode: st.mode, uid: st.uid, gid: st.gid });
-  } else return undefined;
+  if (st.isSymlink) await host.symlink(copy, (await host.fs.readLink(p)) ?? "");
+  else if (!st.isFile || !(await copyOut(host, p, st, copy))) return undefined;
   return { path: p, copy };
 }
 
@@ -232,11 +236,8 @@ export async function adopt(o: ConvergeOptions, p: AdoptionPlan, hooks: AdoptHoo
   // 3. The API proxy: out of the kubelet's manifests, so this agent's unit can take its address.
   if (p.moveManifest && !record.movedManifest) {
     const copy = savedCopy(p.moveManifest);
-    const content = await host.readFile(p.moveManifest);
     const st = await host.stat(p.moveManifest);
-    if (content !== undefined && st) {
-      await host.mkdir(copy.slice(0, copy.lastIndexOf("/")), { mode: 0o700 });
-      await host.writeFile(copy, content, { mode: st.mode, uid: st.uid, gid: st.gid });
+    if (st && (await copyOut(host, p.moveManifest, st, copy))) {
       await host.remove(p.moveManifest);
       record.movedManifest = { path: p.moveManifest, copy };
       await save();

@@ -1,4 +1,5 @@
-import { EXIT, type Command, UsageError } from "../../lib/cli.ts";
+import { EXIT, type Command, type ExitCode, UsageError } from "../../lib/cli.ts";
+import type { Logger } from "../../lib/log/log.ts";
 import { ADOPTION, DECKHOUSE } from "../../bundles/deckhouse-node.ts";
 import { UNITS } from "../../bundles/steps/index.ts";
 import { Host } from "../../host/host.ts";
@@ -50,6 +51,17 @@ const hooks: AdoptHooks = {
           return !PROXY_LISTEN.test(r.stdout);
         }),
 };
+
+/** `work`'s exit code; a refusal (AdoptRefused: it says what to do) is logged and exits 1. */
+async function orRefused(log: Logger, work: () => Promise<ExitCode>): Promise<ExitCode> {
+  try {
+    return await work();
+  } catch (err) {
+    if (!(err instanceof AdoptRefused)) throw err;
+    log.error(err.message);
+    return EXIT.error;
+  }
+}
 
 /** Services adoption restarted, but this agent's own (revert stops those). */
 const others = (units: string[]) =>
@@ -114,7 +126,7 @@ ${CONVERGE_HELP}`,
         );
         return EXIT.ok;
       }
-      try {
+      return orRefused(log, async () => {
         const r = await revert(root, log);
         stdout(
           [
@@ -131,13 +143,7 @@ ${CONVERGE_HELP}`,
           ].join("\n"),
         );
         return EXIT.ok;
-      } catch (err) {
-        if (err instanceof AdoptRefused) {
-          log.error(err.message);
-          return EXIT.error;
-        }
-        throw err;
-      }
+      });
     }
 
     if (recognition.kind === "adopted") {
@@ -160,7 +166,7 @@ ${CONVERGE_HELP}`,
     }
 
     const options = convergeOptions(values, root, log);
-    const plan = await planAdoption(options);
+    const plan = await planAdoption(options, host, recognition);
     const why = refusal(plan);
     if (mode === "plan") {
       stdout(formatAdoptionPlan(plan, formatPlan(plan.report)));
@@ -171,7 +177,7 @@ ${CONVERGE_HELP}`,
       log.error(`refusing to adopt: ${why}`);
       return EXIT.error;
     }
-    try {
+    return orRefused(log, async () => {
       const record = await adopt(options, plan, hooks);
       if (record.state !== "adopted") {
         log.error(
@@ -188,13 +194,7 @@ ${CONVERGE_HELP}`,
         ].join("\n"),
       );
       return EXIT.ok;
-    } catch (err) {
-      if (err instanceof AdoptRefused) {
-        log.error(err.message);
-        return EXIT.error;
-      }
-      throw err;
-    }
+    });
   },
 };
 export default adoptCommand;
