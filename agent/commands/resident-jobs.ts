@@ -64,6 +64,8 @@ export async function startResidentJobs(o: {
   const registry = new Registry();
   registry.collect(processMetrics);
   let earlyOom: EarlyOom | undefined;
+  // The node's own settings (flags and file), which the node group's refine.
+  const base = { ...settings, ...(mode === "dry-run" ? { dryRun: true } : {}) };
   if (mode !== "off") {
     const { EarlyOom, EarlyOomConfigError } = await import("../early-oom/early-oom.ts");
     const procRoot = path.resolve((values["proc-root"] as string | undefined) ?? path.join(root, "proc"));
@@ -77,7 +79,7 @@ export async function startResidentJobs(o: {
       metrics: registry,
     });
     try {
-      earlyOom.configure({ ...settings, ...(mode === "dry-run" ? { dryRun: true } : {}) });
+      earlyOom.configure(base);
     } catch (err) {
       if (err instanceof EarlyOomConfigError) throw new UsageError(`--early-oom-config ${file}: ${err.message}`);
       throw err;
@@ -86,16 +88,18 @@ export async function startResidentJobs(o: {
   const secureAddress = (values["metrics-secure-address"] as string | undefined) ?? "off";
   let server: { close(): Promise<void> } | undefined;
   let secure: { close(): Promise<void> } | undefined;
+  // What both listeners serve beside /metrics.
+  const eo = earlyOom;
+  const json: Record<string, () => unknown> = eo ? { "/early-oom": () => eo.status() } : {};
   if (address !== "off") {
     const { startMetricsEndpoint, MetricsAddressError } = await import("../metrics-server.ts");
-    const eo = earlyOom;
     // A taken address never stops the agent: it retries, and `bashible status` says who holds it.
     server = await startMetricsEndpoint({
       registry,
       address,
       root,
       log,
-      json: eo ? { "/early-oom": () => eo.status() } : {},
+      json,
     }).catch((err: Error) => {
       throw err instanceof MetricsAddressError ? new UsageError(err.message) : err;
     });
@@ -103,7 +107,6 @@ export async function startResidentJobs(o: {
   if (secureAddress !== "off") {
     const { MetricsAddressError } = await import("../metrics-server.ts");
     const { startSecureMetrics } = await import("../metrics-secure.ts");
-    const eo = earlyOom;
     // Waits for the kubelet's certificate and retries a taken address; never stops the agent.
     secure = await startSecureMetrics({
       registry,
@@ -112,7 +115,7 @@ export async function startResidentJobs(o: {
       log,
       nodeName: o.nodeName,
       kube: o.kube,
-      json: eo ? { "/early-oom": () => eo.status() } : {},
+      json,
     }).catch((err: Error) => {
       throw err instanceof MetricsAddressError
         ? new UsageError(`--metrics-secure-address: ${err.message.replace("metrics address", "the address")}`)
@@ -122,9 +125,7 @@ export async function startResidentJobs(o: {
   // The node group's setting (NodeGroup spec.earlyOom, in the applied bundle) refines the flags:
   // followed from disk, so a restarted agent applies it before it reaches the API.
   let follower: { close(): void; refresh(): void } | undefined;
-  if (earlyOom) {
-    const eo = earlyOom;
-    const base = { ...settings, ...(mode === "dry-run" ? { dryRun: true } : {}) };
+  if (eo) {
     const { mergeNodeAndGroup } = await import("../early-oom/config.ts");
     const { followApplied, appliedNodeGroup } = await import("../fencing/config-source.ts");
     follower = followApplied(
