@@ -11,9 +11,9 @@
 import { ADOPTION, DECKHOUSE } from "../../bundles/deckhouse-node.ts";
 import { PATHS } from "../../bundles/paths.ts";
 import { UNITS } from "../../bundles/steps/index.ts";
-import { type FileStat, Host } from "../../host/host.ts";
+import type { FileStat, Host } from "../../host/host.ts";
 import { VERSION } from "../../lib/version.ts";
-import { type ConvergeOptions, converge, osProfile, planWithBundle, type PlanReport } from "../converge/converge.ts";
+import { type ConvergeOptions, converge, planWithBundle, type PlanReport } from "../converge/converge.ts";
 import type { NodeGroupBundle } from "../../bundles/types.ts";
 import type { Recognition } from "./recognize.ts";
 import { type AdoptionRecord, type SavedFile, readRecord, writeRecord } from "./record.ts";
@@ -178,13 +178,18 @@ async function saveOnce(host: Host, p: string): Promise<SavedFile | undefined> {
 }
 
 /**
- * Adopts the node on this plan: records, saves, stops Deckhouse's timer, moves the proxy's
+ * Adopts the node under `host` on this plan: records, saves, stops Deckhouse's timer, moves the proxy's
  * static pod, converges, records the outcome. Returns the record.
  */
-export async function adopt(o: ConvergeOptions, p: AdoptionPlan, hooks: AdoptHooks): Promise<AdoptionRecord> {
-  const host = new Host(o.root, await osProfile(o.root));
+export async function adopt(
+  o: ConvergeOptions,
+  host: Host,
+  p: AdoptionPlan,
+  hooks: AdoptHooks,
+): Promise<AdoptionRecord> {
   const log = o.log;
-  const previous = await readRecord(host);
+  // The record as the plan's recognition read it (planning changes nothing).
+  const previous = p.recognition.record;
   const resume = previous?.state === "adopting" ? previous : undefined;
   const record: AdoptionRecord = {
     version: 1,
@@ -282,8 +287,7 @@ export interface RevertResult {
 }
 
 /** Gives the node back to Deckhouse's bashible: this agent's service stopped, Deckhouse's files and timer back. */
-export async function revert(root: string, log: ConvergeOptions["log"]): Promise<RevertResult> {
-  const host = new Host(root, await osProfile(root));
+export async function revert(host: Host, log: ConvergeOptions["log"]): Promise<RevertResult> {
   const record = await readRecord(host);
   if (!record) {
     throw new AdoptRefused(

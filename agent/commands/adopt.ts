@@ -127,7 +127,7 @@ ${CONVERGE_HELP}`,
         return EXIT.ok;
       }
       return orRefused(log, async () => {
-        const r = await revert(root, log);
+        const r = await revert(host, log);
         stdout(
           [
             `reverted: ${UNITS.agent} stopped and disabled, ${DECKHOUSE.timer} enabled and started`,
@@ -178,7 +178,7 @@ ${CONVERGE_HELP}`,
       return EXIT.error;
     }
     return orRefused(log, async () => {
-      const record = await adopt(options, plan, hooks);
+      const record = await adopt(options, host, plan, hooks);
       if (record.state !== "adopted") {
         log.error(
           `the converge did not finish (${record.converge?.outcome}: ${record.converge?.reason}); Deckhouse's timer stays off. Fix what it says and run 'bashible adopt --yes' again (it resumes), or 'bashible adopt --revert'; ${ADOPTION.record} says what was done`,
