@@ -24,15 +24,13 @@ import type { Logger } from "../../lib/log/log.ts";
 import type { KubeObject } from "../../lib/kube/api.ts";
 import { isConflict, isNotFound } from "../../lib/kube/errors.ts";
 import { Informer, type InformerEvent } from "../../lib/informer.ts";
-import { Backoff } from "../../lib/backoff.ts";
 import { csrPublicKeyInfo, parseCsr } from "../../lib/pkcs10.ts";
 import { BOOTSTRAP_TOKEN_GROUP_LABEL, CONFIGMAPS, NAMESPACE, NODE_KEYS } from "../../bundles/names.ts";
 import { BOOTSTRAP_GROUP, BOOTSTRAP_USER_PREFIX, tokenScope } from "../bootstrap-scope.ts";
-import { type Csr, decideCsr, isDecided } from "./csr-approval.ts";
+import { CSRS, type Csr, CsrRetries, decideCsr, isDecided } from "./csr-approval.ts";
 import { formatIssuedKey, keyFingerprint, parseIssuedKey, RecordMap, RecordsFullError } from "./node-records.ts";
 
 export const KUBELET_CLIENT_SIGNER = "kubernetes.io/kube-apiserver-client-kubelet";
-const CSRS = "/apis/certificates.k8s.io/v1/certificatesigningrequests";
 const NODE_CN_PREFIX = "system:node:";
 /** A Node name: a DNS subdomain. */
 const NODE_NAME = /^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
@@ -181,7 +179,6 @@ export class KubeletClientApprover {
   private readonly absentSince = new Map<string, number>();
   /** Pending CSRs that wait, with the last reason logged (logged once per reason). */
   private readonly waiting = new Map<string, string>();
-  private readonly retries = new Map<string, { timer: NodeJS.Timeout; backoff: Backoff }>();
   /** CSRs kube-controller-manager approved itself, already reported. */
   private readonly bypassReported = new Set<string>();
   private sweepTimer: NodeJS.Timeout | undefined;
@@ -190,6 +187,11 @@ export class KubeletClientApprover {
   private readonly passes = new CoalescedPass(
     () => this.pass(),
     (err) => this.log.warn({ err: err.message }, "kubelet client CSRs: pass failed"),
+    () => this.stopped,
+  );
+  /** Failed writes (and waiting CSRs) tried again with a growing delay, per CSR. */
+  private readonly retries = new CsrRetries(
+    () => this.passes.queue(),
     () => this.stopped,
   );
 
@@ -243,7 +245,6 @@ export class KubeletClientApprover {
   stop(): void {
     this.stopped = true;
     clearInterval(this.sweepTimer);
-    for (const r of this.retries.values()) clearTimeout(r.timer);
     this.retries.clear();
     this.csrs.stop();
     this.nodes.stop();
@@ -294,19 +295,7 @@ export class KubeletClientApprover {
 
   private forget(name: string): void {
     this.waiting.delete(name);
-    const r = this.retries.get(name);
-    if (r) clearTimeout(r.timer);
-    this.retries.delete(name);
-  }
-
-  private retryLater(name: string): void {
-    if (this.stopped) return;
-    const previous = this.retries.get(name);
-    if (previous) clearTimeout(previous.timer);
-    const backoff = previous?.backoff ?? new Backoff({ baseMs: 5_000, maxMs: 300_000 });
-    const timer = setTimeout(() => this.passes.queue(), backoff.next());
-    timer.unref();
-    this.retries.set(name, { timer, backoff });
+    this.retries.forget(name);
   }
 
   private async pass(): Promise<void> {
@@ -354,7 +343,7 @@ export class KubeletClientApprover {
       });
     } catch (err) {
       this.log.warn({ err: (err as Error).message }, "cannot record issued kubelet client certificates; retrying");
-      this.retryLater("(issued keys)");
+      this.retries.later("(issued keys)");
     }
   }
 
@@ -389,7 +378,7 @@ export class KubeletClientApprover {
     const wait = (reason: string) => {
       if (this.waiting.get(name) !== reason) this.log.info({ csr: name, reason }, "kubelet client CSR waits");
       this.waiting.set(name, reason);
-      this.retryLater(name);
+      this.retries.later(name);
     };
     try {
       const req = readClientRequest(csr);
@@ -405,11 +394,12 @@ export class KubeletClientApprover {
             .request<NodeName>("GET", `/api/v1/nodes/${encodeURIComponent(req.node)}`)
             .catch((err) => (isNotFound(err) ? undefined : Promise.reject(err)));
           const [groups, keys] = await Promise.all([this.groups.read(), this.keys.read()]);
+          const recordedKey = parseIssuedKey(keys[req.node])?.fingerprint;
           v = judgeBootstrap(req, {
             tokenGroup: token.group,
             ...(existing ? { existing: { group: existing.metadata.labels?.[NODE_KEYS.group] ?? "" } } : {}),
             ...(groups[req.node] !== undefined ? { recordedGroup: groups[req.node] } : {}),
-            ...(parseIssuedKey(keys[req.node]) ? { recordedKey: parseIssuedKey(keys[req.node])!.fingerprint } : {}),
+            ...(recordedKey ? { recordedKey } : {}),
           });
         }
       }
@@ -440,7 +430,7 @@ export class KubeletClientApprover {
       if (err instanceof RecordsFullError) return wait(err.message);
       if (!isConflict(err))
         this.log.warn({ csr: name, err: (err as Error).message }, "cannot decide a kubelet client CSR; retrying");
-      this.retryLater(name);
+      this.retries.later(name);
     }
   }
 
