@@ -278,7 +278,7 @@ export class InstanceController {
       });
     } catch (err) {
       // Still there (a deletion not yet finished): its watch events bring it back here.
-      if ((err as { status?: number }).status === 409) return;
+      if (isConflict(err)) return;
       throw err;
     }
     this.stats.created++;
