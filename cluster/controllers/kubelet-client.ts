@@ -23,11 +23,12 @@ import type { KubeClient } from "../../lib/kube/client.ts";
 import type { Logger } from "../../lib/log/log.ts";
 import type { KubeObject } from "../../lib/kube/api.ts";
 import { isConflict, isNotFound } from "../../lib/kube/errors.ts";
-import { Informer, type InformerEvent } from "../../lib/informer.ts";
+import { Informer } from "../../lib/informer.ts";
 import { csrPublicKeyInfo, parseCsr } from "../../lib/pkcs10.ts";
 import { BOOTSTRAP_TOKEN_GROUP_LABEL, CONFIGMAPS, NAMESPACE, NODE_KEYS } from "../../bundles/names.ts";
 import { BOOTSTRAP_GROUP, BOOTSTRAP_USER_PREFIX, tokenScope } from "../bootstrap-scope.ts";
 import { CSRS, type Csr, CsrRetries, decideCsr, isDecided } from "./csr-approval.ts";
+import type { NodeCache } from "./node-cache.ts";
 import { formatIssuedKey, keyFingerprint, parseIssuedKey, RecordMap, RecordsFullError } from "./node-records.ts";
 
 export const KUBELET_CLIENT_SIGNER = "kubernetes.io/kube-apiserver-client-kubelet";
@@ -171,7 +172,9 @@ export class KubeletClientApprover {
   private readonly log: Logger;
   private readonly namespace: string;
   private readonly csrs: Informer<TrimmedCsr>;
-  private readonly nodes: Informer<NodeName>;
+  /** Every Node: the NodeCache the operator controllers run (one watch of all Nodes for both). */
+  private readonly nodes: NodeCache;
+  private unsubscribe: (() => void) | undefined;
   private readonly groups: RecordMap;
   private readonly keys: RecordMap;
   private readonly now: () => number;
@@ -195,8 +198,9 @@ export class KubeletClientApprover {
     () => this.stopped,
   );
 
-  constructor(o: { client: KubeClient; log: Logger; namespace?: string; now?: () => number }) {
+  constructor(o: { client: KubeClient; log: Logger; nodes: NodeCache; namespace?: string; now?: () => number }) {
     this.client = o.client;
+    this.nodes = o.nodes;
     this.log = o.log;
     this.namespace = o.namespace ?? NAMESPACE;
     this.now = o.now ?? Date.now;
@@ -219,23 +223,13 @@ export class KubeletClientApprover {
         this.passes.queue();
       },
     });
-    this.nodes = new Informer<NodeName>({
-      client: o.client,
-      path: "/api/v1/nodes",
-      log: o.log,
-      trim: (n) => {
-        const group = n.metadata.labels?.[NODE_KEYS.group];
-        const labels: Record<string, string> = group === undefined ? {} : { [NODE_KEYS.group]: group };
-        return { metadata: { name: n.metadata.name, resourceVersion: n.metadata.resourceVersion, labels } };
-      },
-      onEvent: (ev: InformerEvent<NodeName>) => {
-        if (ev.type === "SYNC") void this.sweep();
-      },
-    });
   }
 
+  /** Before the NodeCache starts, so its first list (SYNC) sweeps. */
   start(): void {
-    this.nodes.run();
+    this.unsubscribe = this.nodes.subscribe((ev) => {
+      if (ev.type === "SYNC") void this.sweep();
+    });
     this.csrs.run();
     void this.checkNoOtherApprover();
     this.sweepTimer = setInterval(() => void this.sweep(), SWEEP_MS);
@@ -247,7 +241,7 @@ export class KubeletClientApprover {
     clearInterval(this.sweepTimer);
     this.retries.clear();
     this.csrs.stop();
-    this.nodes.stop();
+    this.unsubscribe?.();
   }
 
   /**
@@ -442,7 +436,7 @@ export class KubeletClientApprover {
       const now = this.now();
       const expired = new Set<string>();
       for (const name of new Set([...Object.keys(groups), ...Object.keys(keys)])) {
-        if (this.nodes.objects.has(name)) {
+        if (this.nodes.has(name)) {
           this.absentSince.delete(name);
           continue;
         }
@@ -455,7 +449,7 @@ export class KubeletClientApprover {
         let changed = false;
         for (const name of expired) {
           // Still absent as of now (a Node may have registered since the list).
-          if (name in data && !this.nodes.objects.has(name)) {
+          if (name in data && !this.nodes.has(name)) {
             delete data[name];
             changed = true;
           }
