@@ -197,12 +197,14 @@ export class InstanceController {
     return [...(this.byNode.get(node)?.values() ?? [])];
   }
 
-  /** Where each managed Node's converge stands (for the metrics), whatever its group's type. */
-  convergeStates(): { node: CachedNode; state: ConvergeState }[] {
-    if (!this.o.nodes.synced || !this.events.synced) return [];
+  /**
+   * Where each managed Node's converge stands (for the metrics), whatever its group's type.
+   * `nodes`: the NodeCache's all() the caller already has (undefined until it has listed).
+   */
+  convergeStates(nodes: readonly CachedNode[] | undefined): { node: CachedNode; state: ConvergeState }[] {
+    if (!nodes || !this.events.synced) return [];
     const sums = this.o.checksums();
-    return this.o.nodes
-      .all()
+    return nodes
       .filter((n) => n.group && this.o.groups.objects.has(n.group))
       .map((node) => ({ node, state: convergeState(node, sums.get(node.group), this.agentEvents(node.name)) }));
   }
@@ -278,7 +280,7 @@ export class InstanceController {
       });
     } catch (err) {
       // Still there (a deletion not yet finished): its watch events bring it back here.
-      if ((err as { status?: number }).status === 409) return;
+      if (isConflict(err)) return;
       throw err;
     }
     this.stats.created++;

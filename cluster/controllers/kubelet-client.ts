@@ -23,16 +23,15 @@ import type { KubeClient } from "../../lib/kube/client.ts";
 import type { Logger } from "../../lib/log/log.ts";
 import type { KubeObject } from "../../lib/kube/api.ts";
 import { isConflict, isNotFound } from "../../lib/kube/errors.ts";
-import { Informer, type InformerEvent } from "../../lib/informer.ts";
-import { Backoff } from "../../lib/backoff.ts";
+import { Informer } from "../../lib/informer.ts";
 import { csrPublicKeyInfo, parseCsr } from "../../lib/pkcs10.ts";
 import { BOOTSTRAP_TOKEN_GROUP_LABEL, CONFIGMAPS, NAMESPACE, NODE_KEYS } from "../../bundles/names.ts";
 import { BOOTSTRAP_GROUP, BOOTSTRAP_USER_PREFIX, tokenScope } from "../bootstrap-scope.ts";
-import { type Csr, decideCsr, isDecided } from "./csr-approval.ts";
+import { CSRS, type Csr, CsrRetries, decideCsr, isDecided } from "./csr-approval.ts";
+import type { NodeCache } from "./node-cache.ts";
 import { formatIssuedKey, keyFingerprint, parseIssuedKey, RecordMap, RecordsFullError } from "./node-records.ts";
 
 export const KUBELET_CLIENT_SIGNER = "kubernetes.io/kube-apiserver-client-kubelet";
-const CSRS = "/apis/certificates.k8s.io/v1/certificatesigningrequests";
 const NODE_CN_PREFIX = "system:node:";
 /** A Node name: a DNS subdomain. */
 const NODE_NAME = /^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
@@ -173,7 +172,9 @@ export class KubeletClientApprover {
   private readonly log: Logger;
   private readonly namespace: string;
   private readonly csrs: Informer<TrimmedCsr>;
-  private readonly nodes: Informer<NodeName>;
+  /** Every Node: the NodeCache the operator controllers run (one watch of all Nodes for both). */
+  private readonly nodes: NodeCache;
+  private unsubscribe: (() => void) | undefined;
   private readonly groups: RecordMap;
   private readonly keys: RecordMap;
   private readonly now: () => number;
@@ -181,7 +182,6 @@ export class KubeletClientApprover {
   private readonly absentSince = new Map<string, number>();
   /** Pending CSRs that wait, with the last reason logged (logged once per reason). */
   private readonly waiting = new Map<string, string>();
-  private readonly retries = new Map<string, { timer: NodeJS.Timeout; backoff: Backoff }>();
   /** CSRs kube-controller-manager approved itself, already reported. */
   private readonly bypassReported = new Set<string>();
   private sweepTimer: NodeJS.Timeout | undefined;
@@ -192,9 +192,15 @@ export class KubeletClientApprover {
     (err) => this.log.warn({ err: err.message }, "kubelet client CSRs: pass failed"),
     () => this.stopped,
   );
+  /** Failed writes (and waiting CSRs) tried again with a growing delay, per CSR. */
+  private readonly retries = new CsrRetries(
+    () => this.passes.queue(),
+    () => this.stopped,
+  );
 
-  constructor(o: { client: KubeClient; log: Logger; namespace?: string; now?: () => number }) {
+  constructor(o: { client: KubeClient; log: Logger; nodes: NodeCache; namespace?: string; now?: () => number }) {
     this.client = o.client;
+    this.nodes = o.nodes;
     this.log = o.log;
     this.namespace = o.namespace ?? NAMESPACE;
     this.now = o.now ?? Date.now;
@@ -217,23 +223,13 @@ export class KubeletClientApprover {
         this.passes.queue();
       },
     });
-    this.nodes = new Informer<NodeName>({
-      client: o.client,
-      path: "/api/v1/nodes",
-      log: o.log,
-      trim: (n) => {
-        const group = n.metadata.labels?.[NODE_KEYS.group];
-        const labels: Record<string, string> = group === undefined ? {} : { [NODE_KEYS.group]: group };
-        return { metadata: { name: n.metadata.name, resourceVersion: n.metadata.resourceVersion, labels } };
-      },
-      onEvent: (ev: InformerEvent<NodeName>) => {
-        if (ev.type === "SYNC") void this.sweep();
-      },
-    });
   }
 
+  /** Before the NodeCache starts, so its first list (SYNC) sweeps. */
   start(): void {
-    this.nodes.run();
+    this.unsubscribe = this.nodes.subscribe((ev) => {
+      if (ev.type === "SYNC") void this.sweep();
+    });
     this.csrs.run();
     void this.checkNoOtherApprover();
     this.sweepTimer = setInterval(() => void this.sweep(), SWEEP_MS);
@@ -243,10 +239,9 @@ export class KubeletClientApprover {
   stop(): void {
     this.stopped = true;
     clearInterval(this.sweepTimer);
-    for (const r of this.retries.values()) clearTimeout(r.timer);
     this.retries.clear();
     this.csrs.stop();
-    this.nodes.stop();
+    this.unsubscribe?.();
   }
 
   /**
@@ -294,19 +289,7 @@ export class KubeletClientApprover {
 
   private forget(name: string): void {
     this.waiting.delete(name);
-    const r = this.retries.get(name);
-    if (r) clearTimeout(r.timer);
-    this.retries.delete(name);
-  }
-
-  private retryLater(name: string): void {
-    if (this.stopped) return;
-    const previous = this.retries.get(name);
-    if (previous) clearTimeout(previous.timer);
-    const backoff = previous?.backoff ?? new Backoff({ baseMs: 5_000, maxMs: 300_000 });
-    const timer = setTimeout(() => this.passes.queue(), backoff.next());
-    timer.unref();
-    this.retries.set(name, { timer, backoff });
+    this.retries.forget(name);
   }
 
   private async pass(): Promise<void> {
@@ -354,7 +337,7 @@ export class KubeletClientApprover {
       });
     } catch (err) {
       this.log.warn({ err: (err as Error).message }, "cannot record issued kubelet client certificates; retrying");
-      this.retryLater("(issued keys)");
+      this.retries.later("(issued keys)");
     }
   }
 
@@ -389,7 +372,7 @@ export class KubeletClientApprover {
     const wait = (reason: string) => {
       if (this.waiting.get(name) !== reason) this.log.info({ csr: name, reason }, "kubelet client CSR waits");
       this.waiting.set(name, reason);
-      this.retryLater(name);
+      this.retries.later(name);
     };
     try {
       const req = readClientRequest(csr);
@@ -405,11 +388,12 @@ export class KubeletClientApprover {
             .request<NodeName>("GET", `/api/v1/nodes/${encodeURIComponent(req.node)}`)
             .catch((err) => (isNotFound(err) ? undefined : Promise.reject(err)));
           const [groups, keys] = await Promise.all([this.groups.read(), this.keys.read()]);
+          const recordedKey = parseIssuedKey(keys[req.node])?.fingerprint;
           v = judgeBootstrap(req, {
             tokenGroup: token.group,
             ...(existing ? { existing: { group: existing.metadata.labels?.[NODE_KEYS.group] ?? "" } } : {}),
             ...(groups[req.node] !== undefined ? { recordedGroup: groups[req.node] } : {}),
-            ...(parseIssuedKey(keys[req.node]) ? { recordedKey: parseIssuedKey(keys[req.node])!.fingerprint } : {}),
+            ...(recordedKey ? { recordedKey } : {}),
           });
         }
       }
@@ -440,7 +424,7 @@ export class KubeletClientApprover {
       if (err instanceof RecordsFullError) return wait(err.message);
       if (!isConflict(err))
         this.log.warn({ csr: name, err: (err as Error).message }, "cannot decide a kubelet client CSR; retrying");
-      this.retryLater(name);
+      this.retries.later(name);
     }
   }
 
@@ -452,7 +436,7 @@ export class KubeletClientApprover {
       const now = this.now();
       const expired = new Set<string>();
       for (const name of new Set([...Object.keys(groups), ...Object.keys(keys)])) {
-        if (this.nodes.objects.has(name)) {
+        if (this.nodes.has(name)) {
           this.absentSince.delete(name);
           continue;
         }
@@ -465,7 +449,7 @@ export class KubeletClientApprover {
         let changed = false;
         for (const name of expired) {
           // Still absent as of now (a Node may have registered since the list).
-          if (name in data && !this.nodes.objects.has(name)) {
+          if (name in data && !this.nodes.has(name)) {
             delete data[name];
             changed = true;
           }

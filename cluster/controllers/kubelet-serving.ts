@@ -16,11 +16,10 @@ import type { Logger } from "../../lib/log/log.ts";
 import type { KubeObject } from "../../lib/kube/api.ts";
 import { isConflict, isNotFound } from "../../lib/kube/errors.ts";
 import { Informer, type InformerEvent } from "../../lib/informer.ts";
-import { Backoff } from "../../lib/backoff.ts";
 import { parseCsr, type CsrInfo } from "../../lib/pkcs10.ts";
 import { NODE_KEYS } from "../../bundles/names.ts";
 import { clusterEndpoints } from "./cluster-endpoints.ts";
-import { CSRS, type Csr, decideCsr, isDecided } from "./csr-approval.ts";
+import { CSRS, type Csr, CsrRetries, decideCsr, isDecided } from "./csr-approval.ts";
 
 export const KUBELET_SERVING_SIGNER = "kubernetes.io/kubelet-serving";
 const NODE_USER_PREFIX = "system:node:";
@@ -231,14 +230,17 @@ export class KubeletServingApprover {
   private readonly sharedNodes: boolean;
   /** Pending CSRs that wait, with the last reason logged (logged once per reason). */
   private readonly waiting = new Map<string, string>();
-  /** Failed writes retried with a growing delay, per CSR. */
-  private readonly retries = new Map<string, { timer: NodeJS.Timeout; backoff: Backoff }>();
   private endpoints: { value: NonNullable<Known["endpoints"]>; at: number } | undefined;
   private stopped = false;
   /** One pass over the pending CSRs for a burst of events; never two at once. */
   private readonly passes = new CoalescedPass(
     () => this.pass(),
     (err) => this.log.warn({ err: err.message }, "kubelet serving CSRs: pass failed"),
+    () => this.stopped,
+  );
+  /** Failed writes tried again with a growing delay, per CSR. */
+  private readonly retries = new CsrRetries(
+    () => this.passes.queue(),
     () => this.stopped,
   );
 
@@ -293,7 +295,6 @@ export class KubeletServingApprover {
 
   stop(): void {
     this.stopped = true;
-    for (const r of this.retries.values()) clearTimeout(r.timer);
     this.retries.clear();
     this.csrs.stop();
     if (!this.sharedNodes) this.nodes.stop();
@@ -301,9 +302,7 @@ export class KubeletServingApprover {
 
   private forget(name: string): void {
     this.waiting.delete(name);
-    const r = this.retries.get(name);
-    if (r) clearTimeout(r.timer);
-    this.retries.delete(name);
+    this.retries.forget(name);
   }
 
   private async pass(): Promise<void> {
@@ -378,17 +377,6 @@ export class KubeletServingApprover {
     return out;
   }
 
-  /** Another try after a failed write, 5 s doubling to 5 minutes (no watch event may come). */
-  private retryLater(name: string): void {
-    if (this.stopped) return;
-    const previous = this.retries.get(name);
-    if (previous) clearTimeout(previous.timer);
-    const backoff = previous?.backoff ?? new Backoff({ baseMs: 5_000, maxMs: 300_000 });
-    const timer = setTimeout(() => this.passes.queue(), backoff.next());
-    timer.unref();
-    this.retries.set(name, { timer, backoff });
-  }
-
   private async decide(csr: Csr, known: Known): Promise<void> {
     const name = csr.metadata.name;
     try {
@@ -420,7 +408,7 @@ export class KubeletServingApprover {
       // A conflict: the CSR changed meanwhile; its event may have come during this pass.
       if (!isConflict(err))
         this.log.warn({ csr: name, err: (err as Error).message }, "cannot decide a kubelet serving CSR; retrying");
-      this.retryLater(name);
+      this.retries.later(name);
     }
   }
 }

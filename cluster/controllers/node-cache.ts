@@ -1,5 +1,6 @@
 // Every Node of the cluster, as the operator-facing controllers read it (nodeTemplate, Instance,
-// the Deckhouse-named metrics): one list + watch shared by all of them, kept trimmed. The update
+// the Deckhouse-named metrics) and the kubelet client approver (which names Nodes have): one
+// list + watch shared by all of them, kept trimmed. The update
 // controller keeps its own narrower watch of the managed Nodes (model.ts); this one also needs
 // the Nodes no group manages (d8_unmanaged_nodes_on_cluster) and every label, annotation and
 // taint (the template is merged into them).
@@ -103,6 +104,10 @@ export class NodeCache {
   get(name: string): CachedNode | undefined {
     const o = this.informer.objects.get(name);
     return o ? cachedNode(o) : undefined;
+  }
+
+  has(name: string): boolean {
+    return this.informer.objects.has(name);
   }
 
   all(): CachedNode[] {

@@ -54,14 +54,16 @@ export class OperatorControllers {
     this.instances.start();
     this.nodes.start();
     const u = this.o.update;
-    this.removeGauges = this.o.metrics.add(() =>
-      operatorSamples({
+    this.removeGauges = this.o.metrics.add(() => {
+      // Every Node once per scrape: both the cluster-wide gauges and the converge states read it.
+      const nodes = this.nodes.synced ? this.nodes.all() : undefined;
+      return operatorSamples({
         update: u.synced ? u.view() : undefined,
-        nodes: this.nodes.synced ? this.nodes.all() : undefined,
+        nodes,
         configurations: u.configurations.synced ? [...u.configurations.objects.values()] : undefined,
-        converge: u.synced ? this.instances.convergeStates() : [],
-      }),
-    );
+        converge: u.synced ? this.instances.convergeStates(nodes) : [],
+      });
+    });
   }
 
   stop(): void {

@@ -67,7 +67,11 @@ export function operatorSamples(i: OperatorInputs): Samples {
   const u = i.update;
   if (u) {
     const byGroup = new Map<string, NodeView[]>();
-    for (const n of u.nodes) byGroup.set(n.group, [...(byGroup.get(n.group) ?? []), n]);
+    for (const n of u.nodes) {
+      const list = byGroup.get(n.group);
+      if (list) list.push(n);
+      else byGroup.set(n.group, [n]);
+    }
     for (const { policy, spec } of u.groups) {
       const group = policy.name;
       const cri = (spec.cri as { type?: string } | undefined)?.type ?? "Containerd";

@@ -56,8 +56,14 @@ export function runControllers(o: RunControllersOptions): Leadership {
       });
       const init = new InitializedController({ client: o.client, log: o.log });
       serving = new KubeletServingApprover({ client: o.client, log: o.log, nodes: c.nodes });
-      // Bootstrap client certificates: which node names a group's token may take.
-      const client = new KubeletClientApprover({ client: o.client, log: o.log, namespace: o.namespace });
+      // Bootstrap client certificates: which node names a group's token may take (which names
+      // Nodes have, from the operator controllers' NodeCache: one watch of all Nodes).
+      const client = new KubeletClientApprover({
+        client: o.client,
+        log: o.log,
+        nodes: ops.nodes,
+        namespace: o.namespace,
+      });
       c.start();
       init.start();
       serving.start();

@@ -60,9 +60,16 @@ async function conversionCaBundle(
   }
 }
 
-function withConversion(crd: KubeObject, caBundle: string | undefined, port: number | undefined): KubeObject {
-  const conversion = conversionOf(crd);
-  if (conversion?.strategy !== "Webhook") return crd;
+/** The CRD with its conversion webhook's caBundle and port filled in; a CRD without a webhook as it is. */
+async function withConversion(
+  client: KubeClient,
+  crd: KubeObject,
+  existing: KubeObject | undefined,
+  target: ConversionTarget | undefined,
+): Promise<KubeObject> {
+  if (conversionOf(crd)?.strategy !== "Webhook") return crd;
+  const caBundle = await conversionCaBundle(client, target?.caBundle, existing);
+  const port = target?.port;
   const out = structuredClone(crd);
   const clientConfig = conversionOf(out)!.webhook!.clientConfig!;
   if (caBundle) clientConfig.caBundle = caBundle;
@@ -109,16 +116,16 @@ export async function installCrds(
     for (let attempt = 0; ; attempt++) {
       try {
         const existing = await client.request<KubeObject>("GET", `${CRD_PATH}/${name}`);
-        const ca = await conversionCaBundle(client, opts.conversion?.caBundle, existing);
-        const wanted = withConversion(crd, ca, opts.conversion?.port);
+        const wanted = await withConversion(client, crd, existing, opts.conversion);
         await client.request("PUT", `${CRD_PATH}/${name}`, {
           body: { ...wanted, metadata: { ...wanted.metadata, resourceVersion: existing.metadata.resourceVersion } },
         });
         break;
       } catch (err) {
         if (isNotFound(err)) {
-          const ca = await conversionCaBundle(client, opts.conversion?.caBundle, undefined);
-          await client.request("POST", CRD_PATH, { body: withConversion(crd, ca, opts.conversion?.port) });
+          await client.request("POST", CRD_PATH, {
+            body: await withConversion(client, crd, undefined, opts.conversion),
+          });
           break;
         }
         if (isConflict(err) && attempt < 5) continue;

@@ -16,7 +16,6 @@
 // schema does not name (v1-only fields read as v1alpha2 disappear from that view, as in
 // Deckhouse, and stay stored). Pure: the caller supplies the permanent groups.
 
-export const NODEGROUP_GROUP = "deckhouse.io";
 export const NODEGROUP_VERSIONS = ["deckhouse.io/v1alpha1", "deckhouse.io/v1alpha2", "deckhouse.io/v1"] as const;
 export type NodeGroupApiVersion = (typeof NODEGROUP_VERSIONS)[number];
 
@@ -151,18 +150,20 @@ export function parseConversionReview(body: unknown): ConversionRequest {
   return { uid: req.uid, desiredAPIVersion: req.desiredAPIVersion, objects: req.objects as NodeGroupDocument[] };
 }
 
+const review = (response: Obj): Obj => ({ apiVersion: "apiextensions.k8s.io/v1", kind: "ConversionReview", response });
+
+/** The ConversionReview answer that converts nothing: the API server shows `message` to the writer. */
+export const conversionFailure = (uid: string, message: string): Obj =>
+  review({ uid, convertedObjects: [], result: { status: "Failure", message } });
+
 /** The ConversionReview answer: every object converted, or a Failure naming the first that was not. */
 export function conversionResponse(req: ConversionRequest, ctx: ConversionContext): Obj {
-  let response: Obj;
+  let convertedObjects: NodeGroupDocument[];
   try {
-    response = {
-      uid: req.uid,
-      convertedObjects: req.objects.map((o) => convertNodeGroup(o, req.desiredAPIVersion, ctx)),
-      result: { status: "Success" },
-    };
+    convertedObjects = req.objects.map((o) => convertNodeGroup(o, req.desiredAPIVersion, ctx));
   } catch (err) {
     if (!(err instanceof ConversionError)) throw err;
-    response = { uid: req.uid, convertedObjects: [], result: { status: "Failure", message: err.message } };
+    return conversionFailure(req.uid, err.message);
   }
-  return { apiVersion: "apiextensions.k8s.io/v1", kind: "ConversionReview", response };
+  return review({ uid: req.uid, convertedObjects, result: { status: "Success" } });
 }

@@ -30,12 +30,12 @@ import {
 } from "../listener-limits.ts";
 
 export const DIGEST_RE = /^sha256:[0-9a-f]{64}$/;
-/** OCI distribution repository name (path components of lowercase alphanumerics and separators). */
 /**
  * An image manifest is a few hundred bytes; registries accept up to 4 MiB (the OCI distribution
  * spec's floor). More is not a package's manifest, and is never read past this.
  */
 export const MAX_MANIFEST_BYTES = 4 << 20;
+/** OCI distribution repository name (path components of lowercase alphanumerics and separators). */
 export const REPOSITORY_RE = /^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:\/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$/;
 
 export interface UpstreamOptions {

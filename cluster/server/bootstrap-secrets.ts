@@ -44,6 +44,10 @@ export function manualBootstrapLabels(group: string, existing: Record<string, st
   };
 }
 
+/** The same keys with the same values. */
+const sameRecord = (a: Record<string, string>, b: Record<string, string>) =>
+  Object.keys(a).length === Object.keys(b).length && Object.entries(b).every(([k, v]) => a[k] === v);
+
 export const manualBootstrapSecretName = (group: string) => `${SECRETS.manualBootstrapPrefix}${group}`;
 
 const alnum = (n: number) => {
@@ -204,13 +208,7 @@ export async function reconcileBootstrapSecrets(
       continue;
     }
     const cur = (current.data ?? {}) as Record<string, string>;
-    const curLabels = current.metadata.labels ?? {};
-    const same =
-      Object.keys(cur).length === Object.keys(encoded).length &&
-      Object.keys(encoded).every((k) => cur[k] === encoded[k]) &&
-      Object.keys(labels).length === Object.keys(curLabels).length &&
-      Object.entries(labels).every(([k, v]) => curLabels[k] === v);
-    if (same) continue;
+    if (sameRecord(cur, encoded) && sameRecord(current.metadata.labels ?? {}, labels)) continue;
     await updateSecret(client, { ...current, metadata: { ...current.metadata, labels }, data: encoded });
     opts.log.info(
       { group, secret: `${namespace}/${name}`, expires: token.expiration },

@@ -9,6 +9,7 @@ import type { IncomingMessage, ServerResponse } from "node:http";
 import { parse } from "yaml";
 import {
   ConversionError,
+  conversionFailure,
   conversionResponse,
   needsPermanentGroups,
   parseConversionReview,
@@ -17,6 +18,7 @@ import { BodyLimitError, type BodyLimits, readBoundedBody } from "../listener-li
 import type { KubeClient } from "../../lib/kube/client.ts";
 import { isNotFound } from "../../lib/kube/errors.ts";
 import type { Logger } from "../../lib/log/log.ts";
+import { send, statusBody } from "./handler.ts";
 
 export const CONVERSION_PATH = "/convert";
 /** Where Deckhouse keeps the cloud provider's cluster configuration (its nodeGroups are CloudPermanent). */
@@ -59,25 +61,9 @@ export interface ConversionDeps {
   permanentGroups?: () => Promise<Set<string>>;
 }
 
-function reply(res: ServerResponse, code: number, body: unknown): void {
-  const text = JSON.stringify(body);
-  res.writeHead(code, { "Content-Type": "application/json", "Content-Length": Buffer.byteLength(text) });
-  res.end(text);
-}
-
-const status = (code: number, reason: string, message: string) => ({
-  kind: "Status",
-  apiVersion: "v1",
-  metadata: {},
-  status: "Failure",
-  reason,
-  code,
-  message,
-});
-
 export async function handleConversion(req: IncomingMessage, res: ServerResponse, deps: ConversionDeps): Promise<void> {
   if (req.method !== "POST") {
-    return reply(res, 405, status(405, "MethodNotAllowed", `${CONVERSION_PATH} takes POST of a ConversionReview`));
+    return send(res, 405, statusBody(405, "MethodNotAllowed", `${CONVERSION_PATH} takes POST of a ConversionReview`));
   }
   let body: Buffer;
   try {
@@ -86,10 +72,10 @@ export async function handleConversion(req: IncomingMessage, res: ServerResponse
     if (!(err instanceof BodyLimitError)) throw err;
     deps.log.warn({ err: err.message }, "conversion request refused");
     res.once("finish", () => req.destroy());
-    return reply(
+    return send(
       res,
       err.code,
-      status(err.code, err.code === 413 ? "RequestEntityTooLarge" : "Timeout", `ConversionReview: ${err.message}`),
+      statusBody(err.code, err.code === 413 ? "RequestEntityTooLarge" : "Timeout", `ConversionReview: ${err.message}`),
     );
   }
   let review: ReturnType<typeof parseConversionReview>;
@@ -98,7 +84,7 @@ export async function handleConversion(req: IncomingMessage, res: ServerResponse
   } catch (err) {
     const message = err instanceof SyntaxError ? `the body is not JSON: ${err.message}` : (err as Error).message;
     if (!(err instanceof SyntaxError || err instanceof ConversionError)) throw err;
-    return reply(res, 400, status(400, "BadRequest", message));
+    return send(res, 400, statusBody(400, "BadRequest", message));
   }
   let permanentGroups = new Set<string>();
   try {
@@ -109,11 +95,7 @@ export async function handleConversion(req: IncomingMessage, res: ServerResponse
     // The API server shows this message to whoever wrote the object.
     const message = `cannot tell CloudPermanent from CloudStatic for a Hybrid NodeGroup: ${(err as Error).message}`;
     deps.log.error({ err: (err as Error).message }, "conversion failed");
-    return reply(res, 200, {
-      apiVersion: "apiextensions.k8s.io/v1",
-      kind: "ConversionReview",
-      response: { uid: review.uid, convertedObjects: [], result: { status: "Failure", message } },
-    });
+    return send(res, 200, conversionFailure(review.uid, message));
   }
   const answer = conversionResponse(review, { permanentGroups });
   deps.log.debug(
@@ -124,5 +106,5 @@ export async function handleConversion(req: IncomingMessage, res: ServerResponse
     },
     "NodeGroups converted",
   );
-  reply(res, 200, answer);
+  send(res, 200, answer);
 }

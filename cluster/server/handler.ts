@@ -32,23 +32,27 @@ export interface HandlerDeps {
 const PREFIX = `/apis/${API_GROUP}/v1alpha1`;
 const MAX_WATCH_SECONDS = 3600;
 
-function send(res: ServerResponse, code: number, body: unknown, headers: Record<string, string> = {}): void {
+/** A JSON answer (a string body is sent as it is). */
+export function send(res: ServerResponse, code: number, body: unknown, headers: Record<string, string> = {}): void {
   const text = typeof body === "string" ? body : JSON.stringify(body);
   res.writeHead(code, { "Content-Type": "application/json", "Content-Length": Buffer.byteLength(text), ...headers });
   res.end(text);
 }
 
+/** A failure as a Kubernetes Status object, the way kubectl prints it. */
+export const statusBody = (code: number, reason: string, message: string, details?: object) => ({
+  kind: "Status",
+  apiVersion: "v1",
+  metadata: {},
+  status: "Failure",
+  message,
+  reason,
+  ...(details ? { details } : {}),
+  code,
+});
+
 function status(res: ServerResponse, code: number, reason: string, message: string, details?: object): void {
-  send(res, code, {
-    kind: "Status",
-    apiVersion: "v1",
-    metadata: {},
-    status: "Failure",
-    message,
-    reason,
-    ...(details ? { details } : {}),
-    code,
-  });
+  send(res, code, statusBody(code, reason, message, details));
 }
 
 /** `metadata.name=x` or `metadata.name==x`; anything else is refused, as the API server does. */

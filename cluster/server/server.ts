@@ -8,7 +8,7 @@ import http2 from "node:http2";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { AddressInfo, Socket } from "node:net";
 import type { Logger } from "../../lib/log/log.ts";
-import { createHandler, type HandlerDeps } from "./handler.ts";
+import { createHandler, type HandlerDeps, statusBody } from "./handler.ts";
 import {
   DEFAULT_LISTENER_LIMITS,
   hasBody,
@@ -84,14 +84,9 @@ export async function serve(opts: ServeOptions): Promise<RunningServer> {
         return refuseBody(
           req,
           res,
-          JSON.stringify({
-            kind: "Status",
-            apiVersion: "v1",
-            status: "Failure",
-            reason: "RequestEntityTooLarge",
-            code: 413,
-            message: "these resources are read-only: a request takes no body",
-          }),
+          JSON.stringify(
+            statusBody(413, "RequestEntityTooLarge", "these resources are read-only: a request takes no body"),
+          ),
           "application/json",
         );
       }
@@ -99,16 +94,7 @@ export async function serve(opts: ServeOptions): Promise<RunningServer> {
         log.error({ err: err.message, url: req.url }, "request failed");
         if (!res.headersSent) {
           res.writeHead(500, { "Content-Type": "application/json" });
-          res.end(
-            JSON.stringify({
-              kind: "Status",
-              apiVersion: "v1",
-              status: "Failure",
-              reason: "InternalError",
-              code: 500,
-              message: err.message,
-            }),
-          );
+          res.end(JSON.stringify(statusBody(500, "InternalError", err.message)));
         } else res.destroy();
       });
     },
