@@ -43,7 +43,7 @@ import {
   type TomlTable,
   type TomlValue,
 } from "./lib/toml.ts";
-import { planUnit, startByRestart, unitPath } from "./lib/units.ts";
+import { planUnit, reloadUnlessPlanned, startByRestart, unitPath } from "./lib/units.ts";
 
 export const BIN = `${PATHS.binDir}/containerd`;
 const RUNC = `${PATHS.binDir}/runc`;
@@ -649,16 +649,8 @@ const step: Step<"Containerd"> = {
     const proxy = await planProxy(host, spec);
     const unit = await planUnit(host, UNIT, renderUnit(stamp, version));
     changes.push(...proxy, ...unit.changes);
-    if (
-      proxy.some((c) => c.kind === "file") &&
-      !unit.changes.some((c) => c.kind === "unit" && c.action === "daemon-reload")
-    ) {
-      changes.push({
-        kind: "unit",
-        unit: UNIT,
-        action: "daemon-reload",
-        summary: `systemctl daemon-reload (${PROXY_DROP_IN} changed)`,
-      });
+    if (proxy.some((c) => c.kind === "file")) {
+      changes.push(...reloadUnlessPlanned(unit.changes, UNIT, `${PROXY_DROP_IN} changed`));
     }
     if (!unit.state.active) {
       changes.push(startByRestart(UNIT, ENGINE_FLAG));

@@ -44,7 +44,7 @@ import {
   quantityBytes,
 } from "./lib/kubelet-sizing.ts";
 import { cgroupV1, fsSizeOf, memoryBytes } from "./lib/machine.ts";
-import { planUnit, startByRestart, unitPath, unitState } from "./lib/units.ts";
+import { planUnit, reloadUnlessPlanned, startByRestart, unitPath, unitState } from "./lib/units.ts";
 
 export const BIN = `${PATHS.binDir}/kubelet`;
 const UNIT = UNITS.kubelet;
@@ -507,14 +507,7 @@ export async function planKubelet(
   const dropIns = await planForeignDropIns(host);
   const unit = await planUnit(host, UNIT, renderUnit(spec, { stamp, nodeName: o.nodeName, labels, nodeIP: nodeIP.ip }));
   changes.push(...dropIns, ...unit.changes);
-  if (dropIns.length && !unit.changes.some((c) => c.kind === "unit" && c.action === "daemon-reload")) {
-    changes.push({
-      kind: "unit",
-      unit: UNIT,
-      action: "daemon-reload",
-      summary: `systemctl daemon-reload (drop-ins of ${UNIT} removed)`,
-    });
-  }
+  if (dropIns.length) changes.push(...reloadUnlessPlanned(unit.changes, UNIT, `drop-ins of ${UNIT} removed`));
   return { changes, problems, active: unit.state.active };
 }
 

@@ -28,7 +28,7 @@ import type { SpecOf } from "../bundles/types.ts";
 import { planDir, planFile, planSymlink } from "../host/file-plan.ts";
 import { readSysctl, sysctlAccess } from "./lib/kernel.ts";
 import { planSysctls } from "./lib/sysctl.ts";
-import { planUnit, start, unitCheck, unitPath } from "./lib/units.ts";
+import { planUnit, reloadUnlessPlanned, start, unitCheck, unitPath } from "./lib/units.ts";
 import type { Primitive, Step } from "./types.ts";
 
 const SERVICE = UNITS.sysctlTuner;
@@ -140,14 +140,7 @@ const step: Step<"SysctlTuner"> = {
     const wants = await planSymlink(host, `${KUBELET_WANTS}/${SERVICE}`, unitPath(SERVICE));
     if (wants) changes.push({ ...wants, summary: `${wants.summary} (started with every kubelet start)` });
     const timer = await planUnit(host, TIMER, TIMER_UNIT);
-    if ((service || wants) && !timer.changes.some((c) => c.kind === "unit" && c.action === "daemon-reload")) {
-      changes.push({
-        kind: "unit",
-        unit: SERVICE,
-        action: "daemon-reload",
-        summary: `systemctl daemon-reload (${SERVICE} changed)`,
-      });
-    }
+    if (service || wants) changes.push(...reloadUnlessPlanned(timer.changes, SERVICE, `${SERVICE} changed`));
     changes.push(...timer.changes);
     if (!timer.state.active) changes.push(start(TIMER));
     return { changes, problems: sysctls.problems };
