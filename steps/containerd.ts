@@ -51,7 +51,7 @@ const UNIT = UNITS.containerd;
 const CONFIG = PATHS.containerdConfig;
 const CONF_D = PATHS.containerdConfD;
 const CONF2_D = PATHS.containerdConf2D;
-export const CRICTL_CONFIG = "/etc/crictl.yaml";
+const CRICTL_CONFIG = PATHS.crictlConfig;
 /** Deckhouse's drop-in for containerd's proxy environment (002_add_system_proxy). */
 export const PROXY_DROP_IN = `${PATHS.unitDir}/${UNITS.containerd}.d/proxy-environment.conf`;
 const REGISTRY_DIR = PATHS.containerdRegistryDir;

@@ -69,9 +69,9 @@ export const DROP_IN_DIRS = [
 ].map((d) => `${d}/${UNIT}.d`);
 
 /** Where earlier versions of this step kept the kubelet's kernel values (the sysctl tuner has them now). */
-export const SYSCTL_FILE = "/etc/sysctl.d/90-bashible-kubelet.conf";
+const SYSCTL_FILE = PATHS.kubeletLegacySysctl;
 /** logind's delay inhibitor: the kubelet's graceful shutdown holds the machine's shutdown this long. */
-export const LOGIND_FILE = "/etc/systemd/logind.conf.d/90-bashible-kubelet.conf";
+const LOGIND_FILE = PATHS.kubeletLogind;
 const LOGIND_UNIT = "systemd-logind.service";
 /** systemd-resolved's list of the real upstream servers (its stub at 127.0.0.53 would loop in pods). */
 export const RESOLVED_RESOLV_CONF = "/run/systemd/resolve/resolv.conf";

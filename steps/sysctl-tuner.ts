@@ -22,7 +22,7 @@
 // nr_requests and read_ahead_kb, transparent hugepages) and nf_conntrack's hashsize module
 // parameter: they are not sysctls, and blk-mq queues refuse some values.
 import os from "node:os";
-import { HOST_PREP, PATHS } from "../bundles/paths.ts";
+import { HOST_PREP, HOST_PREP_DIRS } from "../bundles/paths.ts";
 import { UNITS } from "../bundles/steps/index.ts";
 import type { SpecOf } from "../bundles/types.ts";
 import { planDir, planFile, planSymlink } from "../host/file-plan.ts";
@@ -77,7 +77,7 @@ WantedBy=kubelet.service
 `;
 
 /** The link `systemctl enable` makes for WantedBy=kubelet.service. */
-const KUBELET_WANTS = `${PATHS.unitDir}/kubelet.service.wants`;
+const KUBELET_WANTS = HOST_PREP_DIRS.kubeletWants;
 
 export const TIMER_UNIT = `# Managed by bashible (041_configure_sysctl_tuner), Deckhouse's schedule.
 [Unit]
