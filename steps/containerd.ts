@@ -21,9 +21,9 @@
 // A change of containerd's major version is disruptive (running containers restart under a new
 // runtime and a migrated configuration): the run asks for disruption approval first.
 // NodeGroup cri.type NotManaged: the renderer leaves this step out, so nothing here is touched.
-import { createHash } from "node:crypto";
 import { readFile } from "node:fs/promises";
 import { asset } from "../lib/assets.ts";
+import { sha256Hex } from "../bundles/checksum.ts";
 import { PATHS } from "../bundles/paths.ts";
 import { UNITS } from "../bundles/steps/index.ts";
 import type { ContainerdProxy } from "../bundles/steps/containerd.ts";
@@ -146,6 +146,14 @@ const TIMEOUTS_V2 = () =>
     "io.containerd.timeout.task.state": "2s",
   });
 
+/** The CRI streaming server both versions keep local (the kubelet proxies exec and logs to it). */
+const STREAMING: Readonly<Record<string, TomlValue>> = {
+  disable_tcp_service: true,
+  stream_server_address: "127.0.0.1",
+  stream_server_port: "0",
+  stream_idle_timeout: "4h0m0s",
+};
+
 /** CRI's settings shared by both versions (Deckhouse's; device ownership from the pod's securityContext). */
 function criRuntime(machine: { canLowerOomScores: boolean }): Record<string, TomlValue> {
   return {
@@ -183,10 +191,7 @@ function baseV2(spec: ContainerdSpec, machine: { canLowerOomScores: boolean }): 
   c.plugins = t({
     "io.containerd.gc.v1.scheduler": GC(),
     "io.containerd.grpc.v1.cri": t({
-      disable_tcp_service: true,
-      stream_server_address: "127.0.0.1",
-      stream_server_port: "0",
-      stream_idle_timeout: "4h0m0s",
+      ...STREAMING,
       sandbox_image: spec.sandboxImage,
       stats_collect_period: int(10),
       systemd_cgroup: false,
@@ -294,10 +299,7 @@ function baseV3(spec: ContainerdSpec, v: ContainerdVersion, machine: { canLowerO
     }),
     "io.containerd.gc.v1.scheduler": GC(),
     "io.containerd.grpc.v1.cri": t({
-      disable_tcp_service: true,
-      stream_server_address: "127.0.0.1",
-      stream_server_port: "0",
-      stream_idle_timeout: "4h0m0s",
+      ...STREAMING,
       enable_tls_streaming: false,
       x509_key_pair_streaming: t({ tls_cert_file: "", tls_key_file: "" }),
     }),
@@ -391,7 +393,7 @@ export function renderConfig(
     } catch (err) {
       throw new RefusedError(`${f.path}: ${(err as Error).message}; fix the fragment (config.toml stays as it is)`);
     }
-    header.push(`#   merged: ${f.path} (sha256:${createHash("sha256").update(f.text).digest("hex").slice(0, 16)})`);
+    header.push(`#   merged: ${f.path} (sha256:${sha256Hex(f.text).slice(0, 16)})`);
   }
   return `${header.join("\n")}\n${stringifyToml(config)}`;
 }
