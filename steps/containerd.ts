@@ -101,7 +101,7 @@ const t = (entries: Record<string, TomlValue>): Toml => Object.assign(table(), e
 const int = (n: number) => BigInt(n);
 
 /** The platform containerd pulls for (runtime.v2.task platforms; Deckhouse writes linux/amd64). */
-export const PLATFORM = `linux/${process.arch === "x64" ? "amd64" : process.arch === "arm64" ? "arm64" : process.arch}`;
+const PLATFORM = `linux/${process.arch === "x64" ? "amd64" : process.arch === "arm64" ? "arm64" : process.arch}`;
 
 /** What neither version's base differs in: the daemon's own sections. */
 function daemon(v3: boolean): Toml {
@@ -345,7 +345,7 @@ export interface Fragment {
 }
 
 /** Where NodeGroupConfiguration scripts put fragments for this containerd (Deckhouse: conf.d for 1, conf2.d for 2). */
-export const fragmentDir = (v: ContainerdVersion) => (v.major >= 2 ? CONF2_D : CONF_D);
+const fragmentDir = (v: ContainerdVersion) => (v.major >= 2 ? CONF2_D : CONF_D);
 
 /** The CRI registry table a fragment must not give mirrors in: config_path is set, containerd refuses both. */
 const registryPath = (v: ContainerdVersion) =>
@@ -428,7 +428,7 @@ const envValue = (k: string, v: string) =>
   `"${`${k}=${v}`.replaceAll("\\", "\\\\").replaceAll('"', '\\"').replaceAll("%", "%%")}"`;
 
 /** The drop-in that gives containerd the cluster's proxy (Deckhouse's 002_add_system_proxy). */
-export function renderProxyDropIn(p: ContainerdProxy): string {
+function renderProxyDropIn(p: ContainerdProxy): string {
   const vars: [string, string][] = [];
   if (p.httpProxy) vars.push(["HTTP_PROXY", p.httpProxy], ["http_proxy", p.httpProxy]);
   if (p.httpsProxy) vars.push(["HTTPS_PROXY", p.httpsProxy], ["https_proxy", p.httpsProxy]);
@@ -441,7 +441,7 @@ Environment=${vars.map(([k, v]) => envValue(k, v)).join(" ")}
 }
 
 /** user:password of proxy URLs: secrets (the password, and the two together). */
-export function proxyCredentials(spec: ContainerdSpec): string[] {
+function proxyCredentials(spec: ContainerdSpec): string[] {
   const out: string[] = [];
   for (const u of [spec.proxy?.httpProxy, spec.proxy?.httpsProxy]) {
     const m = u?.match(/^https?:\/\/([^@/]+)@/);
@@ -583,7 +583,7 @@ async function planRegistries(host: Host, spec: ContainerdSpec): Promise<Primiti
 }
 
 /** Credentials a fragment carries (registry auth): kept out of the plan's diff like the bundle's. */
-export function fragmentSecrets(fragments: Fragment[]): string[] {
+function fragmentSecrets(fragments: Fragment[]): string[] {
   const out: string[] = [];
   const walk = (v: TomlValue | undefined) => {
     if (Array.isArray(v)) v.forEach(walk);

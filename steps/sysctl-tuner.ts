@@ -45,12 +45,12 @@ export function tunedSettings(spec: SpecOf<"SysctlTuner">, cpus = os.availablePa
 }
 
 /** Where the kubelet says it is healthy (its default healthzPort); it answers before its kernel check. */
-export const KUBELET_HEALTHZ = "http://127.0.0.1:10248/healthz";
+const KUBELET_HEALTHZ = "http://127.0.0.1:10248/healthz";
 /**
  * The kubelet's device-plugin socket (default root dir): its container manager makes it right
  * after checking the kernel settings (protectKernelDefaults), so once it is there the check is over.
  */
-export const KUBELET_PAST_KERNEL_CHECK = "/var/lib/kubelet/device-plugins/kubelet.sock";
+const KUBELET_PAST_KERNEL_CHECK = "/var/lib/kubelet/device-plugins/kubelet.sock";
 
 export const SERVICE_UNIT = `# Managed by bashible (041_configure_sysctl_tuner): re-asserts the node's kernel parameters.
 [Unit]

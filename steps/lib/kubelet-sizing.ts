@@ -27,7 +27,7 @@ function roundHalfEven(x: number): number {
 const MI = 1024 * 1024;
 
 /** The machine's memory as `free -m` prints it (MemTotal in whole MiB). */
-export const totalMiB = (memoryBytes: number) => Math.floor(memoryBytes / MI);
+const totalMiB = (memoryBytes: number) => Math.floor(memoryBytes / MI);
 
 /** resourceReservation Auto: the system's memory reservation in bytes (Deckhouse's dynamic_memory_sizing). */
 export function autoReservedMemoryBytes(memoryBytes: number): number {

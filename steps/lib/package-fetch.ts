@@ -89,7 +89,7 @@ export function layerOf(manifestBytes: Buffer, digest: string, where: string): s
  * The digest the blob must hash to: the manifest's layer when the proxy sent the manifest (and it
  * must agree with the bundle's `layer`, when there is one), else the bundle's `layer`.
  */
-export function expectedLayer(
+function expectedLayer(
   header: string | string[] | undefined,
   ref: RegistryPackageRef,
   where: string,
