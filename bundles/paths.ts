@@ -3,6 +3,8 @@
 // sides read this file: the agent and steps to act, the renderer to write the bootstrap and
 // cleanup scripts.
 export const STATE_DIR = "/var/lib/bashible";
+/** logind's drop-ins: the kubelet step's inhibitor delay, and the kubelet's own file. */
+const LOGIND_D = "/etc/systemd/logind.conf.d";
 
 export const PATHS = {
   stateDir: STATE_DIR,
@@ -52,6 +54,14 @@ export const PATHS = {
   kubeletConfig: "/var/lib/kubelet/config.yaml",
   kubeletClientPem: "/var/lib/kubelet/pki/kubelet-client-current.pem",
   clusterCA: "/etc/kubernetes/pki/ca.crt",
+  /** logind's inhibitor delay, long enough for the kubelet's graceful node shutdown (064_configure_kubelet). */
+  kubeletLogind: `${LOGIND_D}/90-bashible-kubelet.conf`,
+  /** What the kubelet writes itself when logind's inhibitor delay is shorter than its shutdown grace period. */
+  kubeletOwnLogind: `${LOGIND_D}/99-kubelet.conf`,
+  /** Where earlier versions of 064_configure_kubelet kept the kubelet's kernel values (the sysctl tuner has them now). */
+  kubeletLegacySysctl: "/etc/sysctl.d/90-bashible-kubelet.conf",
+  /** crictl's configuration (032_configure_containerd): crictl finds containerd without flags. */
+  crictlConfig: "/etc/crictl.yaml",
   /** Where built-in steps write their units (the administrator's directory, ahead of the OS's). */
   unitDir: "/etc/systemd/system",
   containerdConfig: "/etc/containerd/config.toml",
@@ -126,29 +136,30 @@ export const PROFILE_DROP_INS = {
 /** Every PATH drop-in any family gets: what cleanup removes. */
 export const ALL_PROFILE_DROP_INS = [...new Set(Object.values(PROFILE_DROP_INS).flat())].sort();
 
+/** Directories the operating-system steps make for their drop-ins: cleanup removes them when that left them empty. */
+export const HOST_PREP_DIRS = {
+  journald: "/etc/systemd/journald.conf.d",
+  networkd: "/etc/systemd/networkd.conf.d",
+  generators: "/etc/systemd/system-generators",
+  /** The links `systemctl enable` makes for WantedBy=kubelet.service (041_configure_sysctl_tuner's). */
+  kubeletWants: `${PATHS.unitDir}/kubelet.service.wants`,
+} as const;
+
 /** Files the operating-system steps (000_add_mandatory_packages … 098_set_permissions) write. */
 export const HOST_PREP = {
   /** Modules loaded at boot: Deckhouse's d8_<module>.conf, one file per module. */
   modulesLoad: (module: string) => `/etc/modules-load.d/d8_${module}.conf`,
   rpFilter: "/etc/sysctl.d/99-override_rp_filter.conf",
   sysctlTuner: "/etc/sysctl.d/90-deckhouse-sysctl-tuner.conf",
-  networkdForeignRules: "/etc/systemd/networkd.conf.d/80-disable-manage-foreign-rules.conf",
-  journald: "/etc/systemd/journald.conf.d/90-deckhouse.conf",
+  networkdForeignRules: `${HOST_PREP_DIRS.networkd}/80-disable-manage-foreign-rules.conf`,
+  journald: `${HOST_PREP_DIRS.journald}/90-deckhouse.conf`,
   rsyslogKubelet: "/etc/rsyslog.d/10-kubelet.conf",
   logrotate: "/etc/logrotate.d/bashible",
   /** systemd-gpt-auto-generator masked: it would turn on a swap partition it finds in the GPT. */
-  gptAutoGeneratorMask: "/etc/systemd/system-generators/systemd-gpt-auto-generator",
+  gptAutoGeneratorMask: `${HOST_PREP_DIRS.generators}/systemd-gpt-auto-generator`,
   /** kubelet.memorySwap LimitedSwap: Deckhouse's swap file. */
   swapFile: "/var/lib/swapfile",
 } as const;
-
-/** Directories the operating-system steps make for their drop-ins: cleanup removes them when that left them empty. */
-export const HOST_PREP_DIRS = [
-  "/etc/systemd/journald.conf.d",
-  "/etc/systemd/networkd.conf.d",
-  "/etc/systemd/system-generators",
-  "/etc/systemd/system/kubelet.service.wants",
-] as const;
 
 /** The kernel modules 004_load_mandatory_modules loads (Deckhouse's): containerd's overlay snapshots, bridged traffic through iptables. */
 export const MANDATORY_MODULES = ["br_netfilter", "overlay"] as const;
@@ -179,11 +190,10 @@ export const CLEANUP_PATHS = [
   NODE_USERS.sudoersDropIn,
   // What the kubelet's settings need from the system (064_configure_kubelet), and the file the
   // kubelet writes itself when logind's inhibitor delay is shorter than its shutdown grace period.
-  "/etc/sysctl.d/90-bashible-kubelet.conf",
-  "/etc/systemd/logind.conf.d/90-bashible-kubelet.conf",
-  "/etc/systemd/logind.conf.d/99-kubelet.conf",
-  // crictl's configuration (032_configure_containerd)
-  "/etc/crictl.yaml",
+  PATHS.kubeletLegacySysctl,
+  PATHS.kubeletLogind,
+  PATHS.kubeletOwnLogind,
+  PATHS.crictlConfig,
   // softdog set up for fencing (agent/fencing/softdog.ts)
   "/etc/modprobe.d/bashible-softdog.conf",
   "/etc/modules-load.d/bashible-softdog.conf",
@@ -200,7 +210,7 @@ export const CLEANUP_PATHS = [
 ];
 
 /** Directories cleanup_static_node.sh removes when the files above were all that was in them. */
-export const CLEANUP_EMPTY_DIRS = ["/etc/systemd/logind.conf.d", ...HOST_PREP_DIRS];
+export const CLEANUP_EMPTY_DIRS = [LOGIND_D, ...Object.values(HOST_PREP_DIRS)];
 
 /**
  * The repository a registry package is pulled from when none is named: `<registry path>/packages`,

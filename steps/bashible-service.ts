@@ -24,7 +24,7 @@ import type { BashibleServiceSpec, RegistryPackageRef } from "../bundles/types.t
 import type { Host } from "../host/host.ts";
 import { planDir, planFile } from "../host/file-plan.ts";
 import type { PackageChange, Primitive, Problem, Step, StepContext } from "./types.ts";
-import { planUnit, start, unitCheck, unitPath } from "./lib/units.ts";
+import { planUnit, reloadUnlessPlanned, start, unitCheck, unitPath } from "./lib/units.ts";
 
 const AGENT_DIR = PATHS.agentDir;
 const RELEASES = PATHS.agentReleases;
@@ -289,15 +289,9 @@ const step: Step<"BashibleService", Primitive | PackageChange> = {
     });
     if (restart) changes.push({ ...restart, ...isolate });
     const unit = await planUnit(host, UNIT, unitText(UNIT));
-    const reloadNeeded = restart && !unit.changes.some((c) => c.kind === "unit" && c.action === "daemon-reload");
-    if (reloadNeeded) {
-      changes.push({
-        kind: "unit",
-        unit: RESTART_UNIT,
-        action: "daemon-reload",
-        summary: `systemctl daemon-reload (${RESTART_UNIT} changed)`,
-        ...isolate,
-      });
+    if (restart) {
+      const reload = reloadUnlessPlanned(unit.changes, RESTART_UNIT, `${RESTART_UNIT} changed`);
+      changes.push(...reload.map((c) => ({ ...c, ...isolate })));
     }
     changes.push(...unit.changes.map((c) => ({ ...c, ...isolate })));
     if (!unit.state.active) changes.push({ ...start(UNIT), ...isolate });

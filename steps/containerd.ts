@@ -21,9 +21,9 @@
 // A change of containerd's major version is disruptive (running containers restart under a new
 // runtime and a migrated configuration): the run asks for disruption approval first.
 // NodeGroup cri.type NotManaged: the renderer leaves this step out, so nothing here is touched.
-import { createHash } from "node:crypto";
 import { readFile } from "node:fs/promises";
 import { asset } from "../lib/assets.ts";
+import { sha256Hex } from "../bundles/checksum.ts";
 import { PATHS } from "../bundles/paths.ts";
 import { UNITS } from "../bundles/steps/index.ts";
 import type { ContainerdProxy } from "../bundles/steps/containerd.ts";
@@ -43,7 +43,7 @@ import {
   type TomlTable,
   type TomlValue,
 } from "./lib/toml.ts";
-import { planUnit, startByRestart, unitPath } from "./lib/units.ts";
+import { planUnit, reloadUnlessPlanned, startByRestart, unitPath } from "./lib/units.ts";
 
 export const BIN = `${PATHS.binDir}/containerd`;
 const RUNC = `${PATHS.binDir}/runc`;
@@ -51,7 +51,7 @@ const UNIT = UNITS.containerd;
 const CONFIG = PATHS.containerdConfig;
 const CONF_D = PATHS.containerdConfD;
 const CONF2_D = PATHS.containerdConf2D;
-export const CRICTL_CONFIG = "/etc/crictl.yaml";
+const CRICTL_CONFIG = PATHS.crictlConfig;
 /** Deckhouse's drop-in for containerd's proxy environment (002_add_system_proxy). */
 export const PROXY_DROP_IN = `${PATHS.unitDir}/${UNITS.containerd}.d/proxy-environment.conf`;
 const REGISTRY_DIR = PATHS.containerdRegistryDir;
@@ -101,7 +101,7 @@ const t = (entries: Record<string, TomlValue>): Toml => Object.assign(table(), e
 const int = (n: number) => BigInt(n);
 
 /** The platform containerd pulls for (runtime.v2.task platforms; Deckhouse writes linux/amd64). */
-export const PLATFORM = `linux/${process.arch === "x64" ? "amd64" : process.arch === "arm64" ? "arm64" : process.arch}`;
+const PLATFORM = `linux/${process.arch === "x64" ? "amd64" : process.arch === "arm64" ? "arm64" : process.arch}`;
 
 /** What neither version's base differs in: the daemon's own sections. */
 function daemon(v3: boolean): Toml {
@@ -146,6 +146,14 @@ const TIMEOUTS_V2 = () =>
     "io.containerd.timeout.task.state": "2s",
   });
 
+/** The CRI streaming server both versions keep local (the kubelet proxies exec and logs to it). */
+const STREAMING: Readonly<Record<string, TomlValue>> = {
+  disable_tcp_service: true,
+  stream_server_address: "127.0.0.1",
+  stream_server_port: "0",
+  stream_idle_timeout: "4h0m0s",
+};
+
 /** CRI's settings shared by both versions (Deckhouse's; device ownership from the pod's securityContext). */
 function criRuntime(machine: { canLowerOomScores: boolean }): Record<string, TomlValue> {
   return {
@@ -183,10 +191,7 @@ function baseV2(spec: ContainerdSpec, machine: { canLowerOomScores: boolean }): 
   c.plugins = t({
     "io.containerd.gc.v1.scheduler": GC(),
     "io.containerd.grpc.v1.cri": t({
-      disable_tcp_service: true,
-      stream_server_address: "127.0.0.1",
-      stream_server_port: "0",
-      stream_idle_timeout: "4h0m0s",
+      ...STREAMING,
       sandbox_image: spec.sandboxImage,
       stats_collect_period: int(10),
       systemd_cgroup: false,
@@ -294,10 +299,7 @@ function baseV3(spec: ContainerdSpec, v: ContainerdVersion, machine: { canLowerO
     }),
     "io.containerd.gc.v1.scheduler": GC(),
     "io.containerd.grpc.v1.cri": t({
-      disable_tcp_service: true,
-      stream_server_address: "127.0.0.1",
-      stream_server_port: "0",
-      stream_idle_timeout: "4h0m0s",
+      ...STREAMING,
       enable_tls_streaming: false,
       x509_key_pair_streaming: t({ tls_cert_file: "", tls_key_file: "" }),
     }),
@@ -343,7 +345,7 @@ export interface Fragment {
 }
 
 /** Where NodeGroupConfiguration scripts put fragments for this containerd (Deckhouse: conf.d for 1, conf2.d for 2). */
-export const fragmentDir = (v: ContainerdVersion) => (v.major >= 2 ? CONF2_D : CONF_D);
+const fragmentDir = (v: ContainerdVersion) => (v.major >= 2 ? CONF2_D : CONF_D);
 
 /** The CRI registry table a fragment must not give mirrors in: config_path is set, containerd refuses both. */
 const registryPath = (v: ContainerdVersion) =>
@@ -391,7 +393,7 @@ export function renderConfig(
     } catch (err) {
       throw new RefusedError(`${f.path}: ${(err as Error).message}; fix the fragment (config.toml stays as it is)`);
     }
-    header.push(`#   merged: ${f.path} (sha256:${createHash("sha256").update(f.text).digest("hex").slice(0, 16)})`);
+    header.push(`#   merged: ${f.path} (sha256:${sha256Hex(f.text).slice(0, 16)})`);
   }
   return `${header.join("\n")}\n${stringifyToml(config)}`;
 }
@@ -426,7 +428,7 @@ const envValue = (k: string, v: string) =>
   `"${`${k}=${v}`.replaceAll("\\", "\\\\").replaceAll('"', '\\"').replaceAll("%", "%%")}"`;
 
 /** The drop-in that gives containerd the cluster's proxy (Deckhouse's 002_add_system_proxy). */
-export function renderProxyDropIn(p: ContainerdProxy): string {
+function renderProxyDropIn(p: ContainerdProxy): string {
   const vars: [string, string][] = [];
   if (p.httpProxy) vars.push(["HTTP_PROXY", p.httpProxy], ["http_proxy", p.httpProxy]);
   if (p.httpsProxy) vars.push(["HTTPS_PROXY", p.httpsProxy], ["https_proxy", p.httpsProxy]);
@@ -439,7 +441,7 @@ Environment=${vars.map(([k, v]) => envValue(k, v)).join(" ")}
 }
 
 /** user:password of proxy URLs: secrets (the password, and the two together). */
-export function proxyCredentials(spec: ContainerdSpec): string[] {
+function proxyCredentials(spec: ContainerdSpec): string[] {
   const out: string[] = [];
   for (const u of [spec.proxy?.httpProxy, spec.proxy?.httpsProxy]) {
     const m = u?.match(/^https?:\/\/([^@/]+)@/);
@@ -581,7 +583,7 @@ async function planRegistries(host: Host, spec: ContainerdSpec): Promise<Primiti
 }
 
 /** Credentials a fragment carries (registry auth): kept out of the plan's diff like the bundle's. */
-export function fragmentSecrets(fragments: Fragment[]): string[] {
+function fragmentSecrets(fragments: Fragment[]): string[] {
   const out: string[] = [];
   const walk = (v: TomlValue | undefined) => {
     if (Array.isArray(v)) v.forEach(walk);
@@ -649,16 +651,8 @@ const step: Step<"Containerd"> = {
     const proxy = await planProxy(host, spec);
     const unit = await planUnit(host, UNIT, renderUnit(stamp, version));
     changes.push(...proxy, ...unit.changes);
-    if (
-      proxy.some((c) => c.kind === "file") &&
-      !unit.changes.some((c) => c.kind === "unit" && c.action === "daemon-reload")
-    ) {
-      changes.push({
-        kind: "unit",
-        unit: UNIT,
-        action: "daemon-reload",
-        summary: `systemctl daemon-reload (${PROXY_DROP_IN} changed)`,
-      });
+    if (proxy.some((c) => c.kind === "file")) {
+      changes.push(...reloadUnlessPlanned(unit.changes, UNIT, `${PROXY_DROP_IN} changed`));
     }
     if (!unit.state.active) {
       changes.push(startByRestart(UNIT, ENGINE_FLAG));

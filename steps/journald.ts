@@ -3,7 +3,7 @@
 // A drop-in in journald.conf.d rather than Deckhouse's rewrite of /etc/systemd/journald.conf:
 // the distribution's file stays as it shipped (and upgrades of it apply), and cleanup removes
 // one file. A changed drop-in restarts systemd-journald, which reads it only at start.
-import { HOST_PREP } from "../bundles/paths.ts";
+import { HOST_PREP, HOST_PREP_DIRS } from "../bundles/paths.ts";
 import { planDir, planFile } from "../host/file-plan.ts";
 import type { Primitive, Step } from "./types.ts";
 
@@ -21,7 +21,7 @@ const step: Step<"Journald"> = {
   kind: "Journald",
   async plan(spec, host) {
     const changes: Primitive[] = [];
-    const dir = await planDir(host, "/etc/systemd/journald.conf.d", { mode: 0o755 });
+    const dir = await planDir(host, HOST_PREP_DIRS.journald, { mode: 0o755 });
     if (dir) changes.push(dir);
     const file = await planFile(host, { path: HOST_PREP.journald, content: renderJournald(spec), mode: 0o644 });
     if (file) changes.push(file);

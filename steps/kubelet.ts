@@ -38,13 +38,14 @@ import { binaryStamp } from "./lib/binary.ts";
 import {
   AUTO_RESERVED,
   autoReservedMemoryBytes,
+  type DiskEviction,
   diskEviction,
   type FsSize,
   memoryEvictionBytes,
   quantityBytes,
 } from "./lib/kubelet-sizing.ts";
 import { cgroupV1, fsSizeOf, memoryBytes } from "./lib/machine.ts";
-import { planUnit, startByRestart, unitPath, unitState } from "./lib/units.ts";
+import { planUnit, reloadUnlessPlanned, startByRestart, unitPath, unitState } from "./lib/units.ts";
 
 export const BIN = `${PATHS.binDir}/kubelet`;
 const UNIT = UNITS.kubelet;
@@ -58,7 +59,7 @@ const DEFAULT_ROOT_DIR = "/var/lib/kubelet";
 const CONTAINERD_ROOT = "/var/lib/containerd";
 
 /** Where systemd looks for kubelet.service drop-ins, most specific first. */
-export const DROP_IN_DIRS = [
+const DROP_IN_DIRS = [
   "/etc/systemd/system.control",
   "/run/systemd/system.control",
   "/etc/systemd/system",
@@ -69,12 +70,12 @@ export const DROP_IN_DIRS = [
 ].map((d) => `${d}/${UNIT}.d`);
 
 /** Where earlier versions of this step kept the kubelet's kernel values (the sysctl tuner has them now). */
-export const SYSCTL_FILE = "/etc/sysctl.d/90-bashible-kubelet.conf";
+const SYSCTL_FILE = PATHS.kubeletLegacySysctl;
 /** logind's delay inhibitor: the kubelet's graceful shutdown holds the machine's shutdown this long. */
-export const LOGIND_FILE = "/etc/systemd/logind.conf.d/90-bashible-kubelet.conf";
+const LOGIND_FILE = PATHS.kubeletLogind;
 const LOGIND_UNIT = "systemd-logind.service";
 /** systemd-resolved's list of the real upstream servers (its stub at 127.0.0.53 would loop in pods). */
-export const RESOLVED_RESOLV_CONF = "/run/systemd/resolve/resolv.conf";
+const RESOLVED_RESOLV_CONF = "/run/systemd/resolve/resolv.conf";
 
 /** Deckhouse's list (CIS): TLS 1.2 suites with forward secrecy, then the two RSA-GCM ones. */
 export const TLS_CIPHER_SUITES = [
@@ -139,6 +140,17 @@ export function systemReserved(spec: KubeletSpec, m: MachineFacts): Record<strin
   return {};
 }
 
+type DiskSignals = DiskEviction["hard"];
+
+/** The five eviction signals Deckhouse sets, in its order: containerd's disk, memory, the kubelet's disk. */
+const evictionSignals = (imagefs: DiskSignals, memory: string, nodefs: DiskSignals) => ({
+  "imagefs.available": imagefs.available,
+  "imagefs.inodesFree": imagefs.inodesFree,
+  "memory.available": memory,
+  "nodefs.available": nodefs.available,
+  "nodefs.inodesFree": nodefs.inodesFree,
+});
+
 /** The KubeletConfiguration as an object, in Deckhouse's order of keys. */
 export function kubeletConfig(spec: KubeletSpec, m: MachineFacts, n: NodeFacts): Record<string, unknown> {
   const memory = memoryEvictionBytes(m.memoryBytes);
@@ -146,6 +158,7 @@ export function kubeletConfig(spec: KubeletSpec, m: MachineFacts, n: NodeFacts):
   const imagefs = diskEviction(m.imagefs);
   const reserved = systemReserved(spec, m);
   const grace = "1m30s";
+  const diskGrace = { available: grace, inodesFree: grace };
   const topology = spec.topologyManager;
   const gates = sorted({
     RotateKubeletServerCertificate: true,
@@ -176,27 +189,9 @@ export function kubeletConfig(spec: KubeletSpec, m: MachineFacts, n: NodeFacts):
     enforceNodeAllocatable: ["pods"],
     eventRecordQPS: 50,
     eventBurst: 50,
-    evictionHard: {
-      "imagefs.available": imagefs.hard.available,
-      "imagefs.inodesFree": imagefs.hard.inodesFree,
-      "memory.available": String(memory.hard),
-      "nodefs.available": nodefs.hard.available,
-      "nodefs.inodesFree": nodefs.hard.inodesFree,
-    },
-    evictionSoft: {
-      "imagefs.available": imagefs.soft.available,
-      "imagefs.inodesFree": imagefs.soft.inodesFree,
-      "memory.available": String(memory.soft),
-      "nodefs.available": nodefs.soft.available,
-      "nodefs.inodesFree": nodefs.soft.inodesFree,
-    },
-    evictionSoftGracePeriod: {
-      "imagefs.available": grace,
-      "imagefs.inodesFree": grace,
-      "memory.available": grace,
-      "nodefs.available": grace,
-      "nodefs.inodesFree": grace,
-    },
+    evictionHard: evictionSignals(imagefs.hard, String(memory.hard), nodefs.hard),
+    evictionSoft: evictionSignals(imagefs.soft, String(memory.soft), nodefs.soft),
+    evictionSoftGracePeriod: evictionSignals(diskGrace, grace, diskGrace),
     evictionPressureTransitionPeriod: "4m0s",
     evictionMaxPodGracePeriod: 90,
     failSwapOn: !spec.swapBehavior,
@@ -317,7 +312,7 @@ WantedBy=multi-user.target
 `;
 }
 
-export function renderLogind(): string {
+function renderLogind(): string {
   return `# Managed by bashible (064_configure_kubelet): graceful node shutdown. The kubelet holds a
 # delay inhibitor while it stops pods (shutdownGracePeriod ${descriptor.shutdownGracePeriod.total}); logind waits at most this long.
 [Login]
@@ -347,7 +342,7 @@ export function registrableLabels(spec: KubeletSpec): { labels: Record<string, s
  * a link into /run/systemd/resolve/) and the list exists; /etc/resolv.conf otherwise (as
  * Deckhouse's 064 decides).
  */
-export async function resolvConfOf(host: Host): Promise<string> {
+async function resolvConfOf(host: Host): Promise<string> {
   const st = await host.stat("/etc/resolv.conf");
   let resolved = false;
   if (st?.isSymlink) resolved = ((await host.fs.readLink("/etc/resolv.conf")) ?? "").includes("systemd/resolve/");
@@ -507,14 +502,7 @@ export async function planKubelet(
   const dropIns = await planForeignDropIns(host);
   const unit = await planUnit(host, UNIT, renderUnit(spec, { stamp, nodeName: o.nodeName, labels, nodeIP: nodeIP.ip }));
   changes.push(...dropIns, ...unit.changes);
-  if (dropIns.length && !unit.changes.some((c) => c.kind === "unit" && c.action === "daemon-reload")) {
-    changes.push({
-      kind: "unit",
-      unit: UNIT,
-      action: "daemon-reload",
-      summary: `systemctl daemon-reload (drop-ins of ${UNIT} removed)`,
-    });
-  }
+  if (dropIns.length) changes.push(...reloadUnlessPlanned(unit.changes, UNIT, `drop-ins of ${UNIT} removed`));
   return { changes, problems, active: unit.state.active };
 }
 

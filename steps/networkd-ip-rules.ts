@@ -4,7 +4,7 @@
 // key). networkd reads it when it starts, so a changed drop-in restarts networkd, only if it
 // runs (`try-restart`: Deckhouse restarts it unconditionally, which would start a networkd the
 // machine does not use and have it take over its links).
-import { HOST_PREP } from "../bundles/paths.ts";
+import { HOST_PREP, HOST_PREP_DIRS } from "../bundles/paths.ts";
 import { planDir, planFile } from "../host/file-plan.ts";
 import type { Primitive, Step } from "./types.ts";
 
@@ -18,7 +18,7 @@ const step: Step<"NetworkdIpRules"> = {
   kind: "NetworkdIpRules",
   async plan(_spec, host) {
     const changes: Primitive[] = [];
-    const dir = await planDir(host, "/etc/systemd/networkd.conf.d", { mode: 0o755 });
+    const dir = await planDir(host, HOST_PREP_DIRS.networkd, { mode: 0o755 });
     if (dir) changes.push(dir);
     const file = await planFile(host, { path: HOST_PREP.networkdForeignRules, content: DROP_IN, mode: 0o644 });
     if (file) {

@@ -68,7 +68,7 @@ function registryOf(
 }
 
 /** Values a script's output and errors are redacted of: the bundle's, plus the decoded registry login. */
-export function scriptSecrets(ctx: StepContext): string[] {
+function scriptSecrets(ctx: StepContext): string[] {
   const auth = registryOf(ctx.bundle)?.auth ?? "";
   const password = auth.slice(auth.indexOf(":") + 1);
   return [...ctx.secrets, ...[auth, password].filter((v) => v.length >= 4)];

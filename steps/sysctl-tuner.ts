@@ -22,13 +22,13 @@
 // nr_requests and read_ahead_kb, transparent hugepages) and nf_conntrack's hashsize module
 // parameter: they are not sysctls, and blk-mq queues refuse some values.
 import os from "node:os";
-import { HOST_PREP, PATHS } from "../bundles/paths.ts";
+import { HOST_PREP, HOST_PREP_DIRS } from "../bundles/paths.ts";
 import { UNITS } from "../bundles/steps/index.ts";
 import type { SpecOf } from "../bundles/types.ts";
 import { planDir, planFile, planSymlink } from "../host/file-plan.ts";
 import { readSysctl, sysctlAccess } from "./lib/kernel.ts";
 import { planSysctls } from "./lib/sysctl.ts";
-import { planUnit, start, unitCheck, unitPath } from "./lib/units.ts";
+import { planUnit, reloadUnlessPlanned, start, unitCheck, unitPath } from "./lib/units.ts";
 import type { Primitive, Step } from "./types.ts";
 
 const SERVICE = UNITS.sysctlTuner;
@@ -45,12 +45,12 @@ export function tunedSettings(spec: SpecOf<"SysctlTuner">, cpus = os.availablePa
 }
 
 /** Where the kubelet says it is healthy (its default healthzPort); it answers before its kernel check. */
-export const KUBELET_HEALTHZ = "http://127.0.0.1:10248/healthz";
+const KUBELET_HEALTHZ = "http://127.0.0.1:10248/healthz";
 /**
  * The kubelet's device-plugin socket (default root dir): its container manager makes it right
  * after checking the kernel settings (protectKernelDefaults), so once it is there the check is over.
  */
-export const KUBELET_PAST_KERNEL_CHECK = "/var/lib/kubelet/device-plugins/kubelet.sock";
+const KUBELET_PAST_KERNEL_CHECK = "/var/lib/kubelet/device-plugins/kubelet.sock";
 
 export const SERVICE_UNIT = `# Managed by bashible (041_configure_sysctl_tuner): re-asserts the node's kernel parameters.
 [Unit]
@@ -77,7 +77,7 @@ WantedBy=kubelet.service
 `;
 
 /** The link `systemctl enable` makes for WantedBy=kubelet.service. */
-const KUBELET_WANTS = `${PATHS.unitDir}/kubelet.service.wants`;
+const KUBELET_WANTS = HOST_PREP_DIRS.kubeletWants;
 
 export const TIMER_UNIT = `# Managed by bashible (041_configure_sysctl_tuner), Deckhouse's schedule.
 [Unit]
@@ -140,14 +140,7 @@ const step: Step<"SysctlTuner"> = {
     const wants = await planSymlink(host, `${KUBELET_WANTS}/${SERVICE}`, unitPath(SERVICE));
     if (wants) changes.push({ ...wants, summary: `${wants.summary} (started with every kubelet start)` });
     const timer = await planUnit(host, TIMER, TIMER_UNIT);
-    if ((service || wants) && !timer.changes.some((c) => c.kind === "unit" && c.action === "daemon-reload")) {
-      changes.push({
-        kind: "unit",
-        unit: SERVICE,
-        action: "daemon-reload",
-        summary: `systemctl daemon-reload (${SERVICE} changed)`,
-      });
-    }
+    if (service || wants) changes.push(...reloadUnlessPlanned(timer.changes, SERVICE, `${SERVICE} changed`));
     changes.push(...timer.changes);
     if (!timer.state.active) changes.push(start(TIMER));
     return { changes, problems: sysctls.problems };

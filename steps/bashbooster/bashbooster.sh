@@ -409,10 +409,32 @@ _bb_dir_trusted() {
     [[ "$3" != strict ]] && (($2 & 8#1000))
 }
 
-# _bb_untrusted_msg PATH UID MODE: says who can write PATH and why that is refused.
-_bb_untrusted_msg() {
-    printf -v _BB_MSG '%s can be written by others (owner uid %s, mode %04o); refused: the sync helpers write only where nobody but root can create or replace names (use a directory only root can write)' \
+# _bb_refuse_untrusted PATH UID MODE: refuses PATH, saying who can write it and why that is refused.
+_bb_refuse_untrusted() {
+    local msg
+    printf -v msg '%s can be written by others (owner uid %s, mode %04o); refused: the sync helpers write only where nobody but root can create or replace names (use a directory only root can write)' \
         "$1" "$2" $(($3 & 8#7777))
+    _bb_sync_refuse "$msg"
+}
+
+# _bb_refuse_link PATH TARGET: refuses the symbolic link PATH (to TARGET).
+_bb_refuse_link() {
+    _bb_sync_refuse "$1 is a symbolic link (to $2); refused: the sync helpers never write through a link (remove it, or name the real path)"
+}
+
+# _bb_root_only_dir PATH: whether PATH is a directory only root can write (else refused, saying why).
+_bb_root_only_dir() {
+    local out uid mode
+    out=$(stat -c '%u %f' -- "$1") || return 1
+    uid=${out%% *} mode=$((16#${out#* }))
+    if (((mode & 8#170000) != 8#040000)); then
+        _bb_sync_refuse "$1 exists and is not a directory"
+        return 1
+    fi
+    if ! _bb_dir_trusted "$uid" "$mode" strict; then
+        _bb_refuse_untrusted "$1" "$uid" "$mode"
+        return 1
+    fi
 }
 
 # _bb_walk DIR need|create: resolves the directory DIR by the rule above; its real path (system
@@ -437,8 +459,7 @@ _bb_walk() {
     uid=${out%% *} mode=$((16#${out#* }))
     ((${#names[@]})) || strict=strict
     if ! _bb_dir_trusted "$uid" "$mode" "$strict"; then
-        _bb_untrusted_msg "${root:-/}" "$uid" "$mode"
-        _bb_sync_refuse "$_BB_MSG"
+        _bb_refuse_untrusted "${root:-/}" "$uid" "$mode"
         return 1
     fi
     _bb_dir_trusted "$uid" "$mode" strict && root_strict=yes
@@ -462,7 +483,7 @@ _bb_walk() {
                 target=$(readlink -- "$next") || target="?"
                 node=${next#"$root"}
                 if [[ "$_BB_SYSTEM_LINKS" != *" $node "* || "$uid" != 0 || "$cur_strict" != yes ]]; then
-                    _bb_sync_refuse "$next is a symbolic link (to $target); refused: the sync helpers never write through a link (remove it, or name the real path)"
+                    _bb_refuse_link "$next" "$target"
                     return 1
                 fi
                 if ((++hops > 16)); then
@@ -489,8 +510,7 @@ _bb_walk() {
             strict=""
             ((k + 1 < ${#names[@]})) || strict=strict
             if ! _bb_dir_trusted "$uid" "$mode" "$strict"; then
-                _bb_untrusted_msg "$next" "$uid" "$mode"
-                _bb_sync_refuse "$_BB_MSG"
+                _bb_refuse_untrusted "$next" "$uid" "$mode"
                 return 1
             fi
             cur=$next cur_strict=no
@@ -560,7 +580,7 @@ _bb_sync_file_at() {
     shift 4
     local target="${dir%/}/$name" tmp changed=false
     if [[ -L "$target" ]]; then
-        _bb_sync_refuse "$target is a symbolic link (to $(readlink -- "$target" || echo '?')); refused: the sync helpers never write through a link (remove it, or name the real path)"
+        _bb_refuse_link "$target" "$(readlink -- "$target" || echo '?')"
         return 1
     fi
     if [[ -e "$target" && ! -f "$target" ]]; then
@@ -628,7 +648,7 @@ bb-sync-dir() {
 # _bb_sync_dir_at TWO_WAY CREATED DIR SHOWN SRC [EVENT [ARGS...]]: syncs SRC into DIR (walked,
 # root's alone), shown to events as SHOWN.
 _bb_sync_dir_at() {
-    local two_way=$1 created=$2 dir=$3 shown=$4 src=$5 name entry out uid mode
+    local two_way=$1 created=$2 dir=$3 shown=$4 src=$5 name entry
     shift 5
     if $created; then
         bb-event-delay "$@"
@@ -643,7 +663,7 @@ _bb_sync_dir_at() {
         if [[ -d "$src/$name" && ! -L "$src/$name" ]]; then
             entry="$dir/$name"
             if [[ -L "$entry" ]]; then
-                _bb_sync_refuse "$entry is a symbolic link (to $(readlink -- "$entry" || echo '?')); refused: the sync helpers never write through a link (remove it, or name the real path)"
+                _bb_refuse_link "$entry" "$(readlink -- "$entry" || echo '?')"
                 return 1
             fi
             local sub_created=false
@@ -651,17 +671,7 @@ _bb_sync_dir_at() {
                 mkdir -- "$entry" || return 1
                 sub_created=true
             fi
-            out=$(stat -c '%u %f' -- "$entry") || return 1
-            uid=${out%% *} mode=$((16#${out#* }))
-            if (((mode & 8#170000) != 8#040000)); then
-                _bb_sync_refuse "$entry exists and is not a directory"
-                return 1
-            fi
-            if ! _bb_dir_trusted "$uid" "$mode" strict; then
-                _bb_untrusted_msg "$entry" "$uid" "$mode"
-                _bb_sync_refuse "$_BB_MSG"
-                return 1
-            fi
+            _bb_root_only_dir "$entry" || return 1
             _bb_sync_dir_at "$two_way" "$sub_created" "$entry" "$shown/$name" "$src/$name" "$@" || return 1
         elif [[ -f "$src/$name" ]]; then
             _bb_sync_file_at "$dir" "$name" "$src/$name" "$shown/$name" "$@" || return 1
@@ -678,13 +688,7 @@ _bb_sync_dir_at() {
                 event=bb-sync-dir-removed
                 # rm -r walks without following links; a tree another user can write into is
                 # theirs to empty, not root's (the agent's rule for recursive removal).
-                out=$(stat -c '%u %f' -- "$entry") || return 1
-                uid=${out%% *} mode=$((16#${out#* }))
-                if ! _bb_dir_trusted "$uid" "$mode" strict; then
-                    _bb_untrusted_msg "$entry" "$uid" "$mode"
-                    _bb_sync_refuse "$_BB_MSG"
-                    return 1
-                fi
+                _bb_root_only_dir "$entry" || return 1
             fi
             # A link is removed itself (rm never follows the last component).
             rm -rf -- "$entry"
@@ -923,12 +927,18 @@ bb-apt-unhold() {
     for package in "$@"; do apt-mark unhold "${package%%=*}" >/dev/null; done
 }
 
-_bb_apt_package_upgrade_p() {
-    export DEBIAN_FRONTEND=noninteractive
-    bb-apt-update
+# _bb_apt_cache_upgradable PACKAGE: whether apt's candidate differs from the installed version
+# (apt and ALT's apt-rpm alike).
+_bb_apt_cache_upgradable() {
     local out
     out="$(apt-cache policy "$1" | awk '/Installed: / { i = $2 } /Candidate: / { if (i != "(none)" && i != $2) print i " " $2 }')"
     [[ -n "$out" ]]
+}
+
+_bb_apt_package_upgrade_p() {
+    export DEBIAN_FRONTEND=noninteractive
+    bb-apt-update
+    _bb_apt_cache_upgradable "$1"
 }
 
 bb-apt-upgrade() {
@@ -1128,9 +1138,7 @@ bb-apt-rpm-autoremove() {
 
 _bb_apt_rpm_package_upgrade_p() {
     bb-apt-rpm-update
-    local out
-    out="$(apt-cache policy "$1" | awk '/Installed: / { i = $2 } /Candidate: / { if (i != "(none)" && i != $2) print i " " $2 }')"
-    [[ -n "$out" ]]
+    _bb_apt_cache_upgradable "$1"
 }
 
 bb-apt-rpm-upgrade() {
@@ -1559,17 +1567,16 @@ _bb_rp_ref() {
     [[ "$digest" == sha256:* ]] || digest="sha256:$digest"
     echo "$name:$digest"
 }
-bb-rp-install() {
-    local refs=() arg
+# _bb_rp_with COMMAND REF...: COMMAND with each REF in the agent's NAME:sha256:HEX form.
+_bb_rp_with() {
+    local cmd=$1 refs=() arg
+    shift
     for arg in "$@"; do refs+=("$(_bb_rp_ref "$arg")"); done
-    bb-package-install "${refs[@]}"
+    "$cmd" "${refs[@]}"
 }
+bb-rp-install() { _bb_rp_with bb-package-install "$@"; }
 bb-rp-remove() { bb-package-remove "$@"; }
-bb-rp-fetch() {
-    local refs=() arg
-    for arg in "$@"; do refs+=("$(_bb_rp_ref "$arg")"); done
-    bb-package-fetch "${refs[@]}"
-}
+bb-rp-fetch() { _bb_rp_with bb-package-fetch "$@"; }
 _bb_package_installed_p() {
     _bb_agent || return 1
     "${BB_AGENT_ARGV[@]}" package installed "$1" 2>/dev/null

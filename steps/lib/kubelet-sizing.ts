@@ -27,7 +27,7 @@ function roundHalfEven(x: number): number {
 const MI = 1024 * 1024;
 
 /** The machine's memory as `free -m` prints it (MemTotal in whole MiB). */
-export const totalMiB = (memoryBytes: number) => Math.floor(memoryBytes / MI);
+const totalMiB = (memoryBytes: number) => Math.floor(memoryBytes / MI);
 
 /** resourceReservation Auto: the system's memory reservation in bytes (Deckhouse's dynamic_memory_sizing). */
 export function autoReservedMemoryBytes(memoryBytes: number): number {
@@ -53,7 +53,7 @@ export function autoReservedMemoryBytes(memoryBytes: number): number {
   step(8192, 0.03, 246);
   step(114688, 0.02, 2240);
   if (t >= 0) r = awk(r + awk(t * 0.01));
-  return roundHalfEven(r * MI * 1);
+  return roundHalfEven(r * MI);
 }
 
 /** The CPU and ephemeral storage Auto reserves, whatever the machine. */
@@ -111,12 +111,17 @@ export function diskEviction(fs: FsSize | undefined): DiskEviction {
     soft: { available: "10%", inodesFree: "10%" },
   };
   if (!fs) return out;
-  // Bash integer arithmetic, left to right, as in 064: $((size/(1000*1000)*5/100)).
+  // Bash integer arithmetic, left to right, as in 064: $((size/(1000*1000)*5/100)). 064 tests
+  // the soft cap as `5 % × 2 > cap × 2`: the same test as the hard one, so one test sets both.
   const sizeG5 = Math.trunc((Math.trunc(fs.sizeKiB / 1_000_000) * 5) / 100);
-  if (sizeG5 > MAX_RESERVED_G) out.hard.available = `${MAX_RESERVED_G}G`;
-  if (sizeG5 * 2 > MAX_RESERVED_G * 2) out.soft.available = `${MAX_RESERVED_G * 2}G`;
+  if (sizeG5 > MAX_RESERVED_G) {
+    out.hard.available = `${MAX_RESERVED_G}G`;
+    out.soft.available = `${MAX_RESERVED_G * 2}G`;
+  }
   const inodesK5 = Math.trunc((Math.trunc(fs.inodes / 1000) * 5) / 100);
-  if (inodesK5 > INODES_FREE_K) out.hard.inodesFree = `${INODES_FREE_K}k`;
-  if (inodesK5 * 2 > INODES_FREE_K * 2) out.soft.inodesFree = `${INODES_FREE_K * 2}k`;
+  if (inodesK5 > INODES_FREE_K) {
+    out.hard.inodesFree = `${INODES_FREE_K}k`;
+    out.soft.inodesFree = `${INODES_FREE_K * 2}k`;
+  }
   return out;
 }

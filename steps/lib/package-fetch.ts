@@ -45,11 +45,17 @@ export class PackageFetchError extends Error {
 const hexOf = (digest: string) => digest.slice("sha256:".length);
 const sha256 = (b: Buffer) => `sha256:${createHash("sha256").update(b).digest("hex")}`;
 
+/** The digest a layer blob must hash to, and whose digest it is (named in a refusal). */
+interface ExpectedLayer {
+  layer: string;
+  whose: "the manifest's layer" | "the bundle's layer";
+}
+
 async function* verify(
   source: AsyncIterable<Buffer>,
   digest: string,
   where: string,
-  whose: "the manifest's layer" | "the bundle's layer",
+  whose: ExpectedLayer["whose"],
 ): AsyncGenerator<Buffer> {
   const hash = createHash("sha256");
   let bytes = 0;
@@ -89,11 +95,7 @@ export function layerOf(manifestBytes: Buffer, digest: string, where: string): s
  * The digest the blob must hash to: the manifest's layer when the proxy sent the manifest (and it
  * must agree with the bundle's `layer`, when there is one), else the bundle's `layer`.
  */
-export function expectedLayer(
-  header: string | string[] | undefined,
-  ref: RegistryPackageRef,
-  where: string,
-): { layer: string; whose: "the manifest's layer" | "the bundle's layer" } {
+function expectedLayer(header: string | string[] | undefined, ref: RegistryPackageRef, where: string): ExpectedLayer {
   if (typeof header === "string") {
     const layer = layerOf(Buffer.from(header, "base64"), ref.digest, where);
     if (ref.layer && ref.layer !== layer) {
@@ -180,7 +182,7 @@ export async function fetchPackage(host: Host, ctx: FetchContext, ref: RegistryP
         },
       );
       stream.on("error", () => undefined); // surfaced by the iteration below
-      let expected: { layer: string; whose: "the manifest's layer" | "the bundle's layer" };
+      let expected: ExpectedLayer;
       try {
         expected = expectedLayer(response.headers[MANIFEST_HEADER], ref, where);
       } catch (err) {

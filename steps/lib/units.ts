@@ -60,6 +60,16 @@ export async function planUnit(host: Host, unit: string, content: string): Promi
 }
 
 /**
+ * The daemon-reload that files systemd reads beside a unit's own file need (a drop-in, a second
+ * unit, a `.wants` link), or none when `planned` (that unit's plan) already reloads: one reload
+ * covers them all.
+ */
+export function reloadUnlessPlanned(planned: readonly Primitive[], unit: string, why: string): Primitive[] {
+  if (planned.some((c) => c.kind === "unit" && c.action === "daemon-reload")) return [];
+  return [{ kind: "unit", unit, action: "daemon-reload", summary: `systemctl daemon-reload (${why})` }];
+}
+
+/**
  * A unit the engine restarts when what it reads changed, and that is not running: the flag
  * `<unit>-need-restart` makes the engine's restart start it, once, after the step (a separate
  * `start` would start it and the restart right after would start it again).
