@@ -15,7 +15,6 @@
 // systemd drop-in, the controller by its flags); the watchdog is the FIFO stand-in join.test.ts
 // uses. What the containers cannot show is in docs/testing.md.
 import t from "tap";
-import { existsSync } from "node:fs";
 import { readFile } from "node:fs/promises";
 import { EVENTS, NODE_KEYS } from "../../bundles/names.ts";
 import { nodeGroup } from "../../scripts/lib/e2e/cluster.ts";
@@ -47,22 +46,11 @@ import {
   workload,
 } from "../../scripts/lib/e2e/fleet.ts";
 import type { KubeObject } from "../../lib/kube/api.ts";
-import { startWorld, type World } from "../../scripts/lib/e2e/world.ts";
+import { startWorld, type World, worldSkip } from "../../scripts/lib/e2e/world.ts";
 import { hrNow } from "../../scripts/lib/watchdog.ts";
 import { until } from "../../scripts/lib/until.ts";
 
-const missing = [
-  "/usr/bin/systemd-nspawn",
-  "/usr/sbin/debootstrap",
-  "/usr/bin/docker-registry",
-  "/usr/bin/openssl",
-].filter((p) => !existsSync(p));
-const skip =
-  process.getuid?.() !== 0
-    ? "needs root (boots systemd-nspawn machines, runs a control plane)"
-    : missing.length
-      ? `needs ${missing.join(", ")} (apt-get install systemd-container debootstrap docker-registry openssl)`
-      : false;
+const skip = worldSkip();
 
 // Every wait below is bounded by its own \`until\`; the file's timeout is only the net under them:
 // three bare machines joining at once take 2–5 minutes on a loaded 2-core CI machine.
