@@ -14,7 +14,6 @@
 //    (goal: within the controller's threshold + 30 s);
 // 4. rss: every process of bashible.service on each node after all of it, beside a bare Node 24
 //    (the agent's own runtime) started on the first node.
-import { readFile } from "node:fs/promises";
 import os from "node:os";
 import { parseArgs } from "node:util";
 import { EVENTS, NODE_KEYS } from "../../bundles/names.ts";
@@ -43,6 +42,7 @@ import {
 } from "../lib/e2e/fleet.ts";
 import { type KubeNode, startWorld, type World } from "../lib/e2e/world.ts";
 import { until } from "../lib/until.ts";
+import { loadAverage } from "../lib/proc-stats.ts";
 import { hrNow } from "../lib/watchdog.ts";
 import { sleep } from "../../lib/sleep.ts";
 
@@ -60,7 +60,7 @@ const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.len
 
 let world: World | undefined;
 let exitCode = 0;
-const load = (await readFile("/proc/loadavg", "utf8")).split(" ").slice(0, 3).join(" ");
+const load = await loadAverage();
 console.log(
   `fleet of ${N}: ${new Date().toISOString()}, ${os.cpus().length} CPUs (${os.cpus()[0]?.model}), load ${load}; fencing threshold ${FLEET_FENCING.thresholdSeconds} s, detection window ${FLEET_FENCING.detectionSeconds} s, kubelet window ${FLEET_FENCING.kubeletSeconds} s`,
 );

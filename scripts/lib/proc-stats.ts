@@ -14,3 +14,8 @@ export async function cpuMs(pid: number): Promise<number> {
   const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
   return (Number(f[11]) + Number(f[12])) * 10;
 }
+
+/** The machine's load averages over 1, 5 and 15 minutes, as /proc/loadavg prints them. */
+export async function loadAverage(): Promise<string> {
+  return (await readFile("/proc/loadavg", "utf8")).split(" ").slice(0, 3).join(" ");
+}
