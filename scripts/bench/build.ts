@@ -4,12 +4,13 @@
 // each round starts all three, waits, reads VmRSS. Medians over rounds.
 import { build } from "esbuild";
 import { execFileSync, spawn, spawnSync } from "node:child_process";
-import { copyFile, mkdtemp, readFile, rm, stat, writeFile, readdir } from "node:fs/promises";
+import { copyFile, mkdtemp, rm, stat, writeFile, readdir } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { parseArgs } from "node:util";
 import { buildDist, nodeBinary } from "../build.ts";
 import { makeBundle, sandbox, script, writeBundle } from "../lib/bundle.ts";
+import { rssKb } from "../lib/proc-stats.ts";
 
 const { values } = parseArgs({
   options: { seconds: { type: "string", default: "20" }, rounds: { type: "string", default: "5" } },
@@ -72,11 +73,6 @@ const variants: Record<string, string[]> = {
   "dist/bashible run": [path.join(dist, "bashible"), ...runArgs],
   "SEA bashible run": [sea, ...runArgs],
 };
-
-async function rssKb(pid: number): Promise<number> {
-  const s = await readFile(`/proc/${pid}/status`, "utf8");
-  return Number(/VmRSS:\s+(\d+)/.exec(s)?.[1] ?? 0);
-}
 
 const samples: Record<string, number[]> = Object.fromEntries(Object.keys(variants).map((k) => [k, []]));
 for (let r = 0; r < rounds; r++) {

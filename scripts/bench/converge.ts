@@ -15,6 +15,7 @@ import path from "node:path";
 import { parseArgs } from "node:util";
 import { buildDist, nodeBinary } from "../build.ts";
 import { makeBundle, sandbox, script, writeBundle } from "../lib/bundle.ts";
+import { cpuMs, rssKb } from "../lib/proc-stats.ts";
 
 const { values } = parseArgs({
   options: {
@@ -87,15 +88,6 @@ function startDaemon(args: string[]): Daemon {
 
 const starts = (r: Record<string, unknown>) => r.msg === "converge starts";
 const finished = (r: Record<string, unknown>) => r.msg === "converge finished";
-
-async function cpuMs(pid: number): Promise<number> {
-  const stat = await readFile(`/proc/${pid}/stat`, "utf8");
-  const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-  return ((Number(f[11]) + Number(f[12])) * 1000) / 100; // utime + stime, USER_HZ = 100
-}
-async function rssKb(pid: number): Promise<number> {
-  return Number(/VmRSS:\s+(\d+)/.exec(await readFile(`/proc/${pid}/status`, "utf8"))?.[1] ?? 0);
-}
 
 // ---------- 1a. local mode latency
 const report: string[] = [];

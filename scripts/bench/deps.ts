@@ -3,11 +3,12 @@
 // imported it and idles, against a bare one, side by side. Packages not in the project are
 // installed into a temporary prefix for the measurement only.
 import { execFileSync, spawn } from "node:child_process";
-import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { parseArgs } from "node:util";
 import { nodeBinary } from "../build.ts";
+import { rssKb } from "../lib/proc-stats.ts";
 
 const { values } = parseArgs({ options: { rounds: { type: "string", default: "5" } } });
 const rounds = Number(values.rounds);
@@ -33,8 +34,6 @@ const variants: Record<string, string> = {
   "node:https (built-in)": `import "node:https"; ${idle}`,
   ...Object.fromEntries(Object.keys(CANDIDATES).map((m) => [m, `import "${m}"; ${idle}`])),
 };
-const rss = async (pid: number) =>
-  Number(/VmRSS:\s+(\d+)/.exec(await readFile(`/proc/${pid}/status`, "utf8"))?.[1] ?? 0);
 const samples: Record<string, number[]> = Object.fromEntries(Object.keys(variants).map((k) => [k, []]));
 for (let r = 0; r < rounds; r++) {
   const procs = Object.entries(variants).map(([name, code]) => ({
@@ -43,7 +42,7 @@ for (let r = 0; r < rounds; r++) {
   }));
   await new Promise((res) => setTimeout(res, 3000));
   for (const { name, p } of procs) {
-    samples[name]?.push(await rss(p.pid as number));
+    samples[name]?.push(await rssKb(p.pid as number));
     p.kill("SIGKILL");
   }
 }

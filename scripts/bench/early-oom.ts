@@ -31,6 +31,7 @@ import path from "node:path";
 import { parseArgs } from "node:util";
 import { buildDist } from "../build.ts";
 import { makeBundle, sandbox, script, writeBundle } from "../lib/bundle.ts";
+import { cpuMs, rssKb } from "../lib/proc-stats.ts";
 import {
   captureLogger,
   FakeNode,
@@ -321,19 +322,9 @@ if (!values["skip-real"]) {
   }
 }
 
-const CLK_TCK = Number(spawnSync("getconf", ["CLK_TCK"], { encoding: "utf8" }).stdout.trim()) || 100;
-/** utime + stime of the process, ms (clock ticks: 10 ms resolution). */
-async function statCpuMs(pid: number): Promise<number> {
-  const text = await readFile(`/proc/${pid}/stat`, "utf8");
-  const f = text.slice(text.lastIndexOf(")") + 2).split(" ");
-  return ((Number(f[11]) + Number(f[12])) * 1000) / CLK_TCK;
-}
 /** Time on the CPU, ms (schedstat: ns resolution). */
 async function schedCpuMs(pid: number): Promise<number> {
   return Number((await readFile(`/proc/${pid}/schedstat`, "utf8")).split(" ")[0]) / 1e6;
-}
-async function rssKb(pid: number): Promise<number> {
-  return Number(/VmRSS:\s+(\d+)/.exec(await readFile(`/proc/${pid}/status`, "utf8"))?.[1] ?? 0);
 }
 
 if (!values["skip-idle"]) {
@@ -388,11 +379,11 @@ if (!values["skip-idle"]) {
   await at(WARMUP);
   const pid = (p: ChildProcess) => p.pid as number;
   const rss60 = await Promise.all(procs.map(({ p }) => rssKb(pid(p))));
-  const stat0 = await Promise.all(procs.map(({ p }) => statCpuMs(pid(p))));
+  const stat0 = await Promise.all(procs.map(({ p }) => cpuMs(pid(p))));
   const sched0 = await Promise.all(procs.map(({ p }) => schedCpuMs(pid(p))));
   const w0 = performance.now();
   await at(IDLE);
-  const stat1 = await Promise.all(procs.map(({ p }) => statCpuMs(pid(p))));
+  const stat1 = await Promise.all(procs.map(({ p }) => cpuMs(pid(p))));
   const sched1 = await Promise.all(procs.map(({ p }) => schedCpuMs(pid(p))));
   const minutes = (performance.now() - w0) / 60_000;
   const rssEnd = await Promise.all(procs.map(({ p }) => rssKb(pid(p))));

@@ -29,6 +29,7 @@ import { buildDist } from "../build.ts";
 import { freePort, startControlPlane } from "../lib/control-plane.ts";
 import { type FencingCluster, type FencingNode, startFencingCluster } from "../lib/fencing.ts";
 import { makeBundle, script } from "../lib/bundle.ts";
+import { cpuMs, rssKb } from "../lib/proc-stats.ts";
 import { waitFor } from "../lib/cli.ts";
 import { DEFAULT_AGENT_TIMINGS, detectionWindowMs } from "../../bundles/fencing.ts";
 import { parseTimings } from "../../agent/fencing/options.ts";
@@ -65,13 +66,6 @@ const pct = (xs: number[], p: number) => {
   return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))] ?? Number.NaN;
 };
 const median = (xs: number[]) => pct(xs, 50);
-/** CPU time (user + system, every thread) of a process so far, in ms (USER_HZ = 100). */
-async function cpuMs(pid: number): Promise<number> {
-  const stat = await readFile(`/proc/${pid}/stat`, "utf8");
-  // The command name may hold spaces: the fields start after its closing parenthesis.
-  const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-  return (Number(f[11]) + Number(f[12])) * 10;
-}
 /** CPU time of every thread of a process so far, in ms, from schedstat (ns: finer than USER_HZ). */
 async function schedMs(pid: number): Promise<number> {
   let ns = 0;
@@ -84,10 +78,6 @@ async function startedAtMs(pid: number): Promise<number> {
   const ticks = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[19]);
   const boot = Date.now() - os.uptime() * 1000;
   return boot + ticks * 10;
-}
-async function rssKb(pid: number, field = "VmRSS"): Promise<number> {
-  const m = new RegExp(`${field}:\\s+(\\d+)`).exec(await readFile(`/proc/${pid}/status`, "utf8"));
-  return Number(m?.[1] ?? 0);
 }
 
 try {

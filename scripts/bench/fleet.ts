@@ -14,22 +14,26 @@
 //    (goal: within the controller's threshold + 30 s);
 // 4. rss: every process of bashible.service on each node after all of it, beside a bare Node 24
 //    (the agent's own runtime) started on the first node.
-import { readFile } from "node:fs/promises";
 import os from "node:os";
 import { parseArgs } from "node:util";
 import { EVENTS, NODE_KEYS } from "../../bundles/names.ts";
-import type { FencingStatus } from "../../agent/fencing/status-file.ts";
 import { nodeGroup } from "../lib/e2e/cluster.ts";
 import {
+  AUTOMATIC_WITH_DRAIN,
   disruptiveConfiguration,
+  fencingStatus,
   FLEET_CLUSTER,
   FLEET_FENCING,
   type FleetNode,
   fleetNames,
+  fleetSettled,
   hasAnnotation,
   isReady,
   joinFleet,
+  newChecksum,
+  nodeEvents,
   nodeRecorder,
+  ONE_AT_A_TIME,
   partition,
   podReady,
   podRecorder,
@@ -38,6 +42,8 @@ import {
 } from "../lib/e2e/fleet.ts";
 import { type KubeNode, startWorld, type World } from "../lib/e2e/world.ts";
 import { until } from "../lib/until.ts";
+import { loadAverage } from "../lib/proc-stats.ts";
+import { hrNow } from "../lib/watchdog.ts";
 import { sleep } from "../../lib/sleep.ts";
 
 const { values } = parseArgs({
@@ -50,25 +56,11 @@ const N = Math.max(2, Number(values.nodes));
 const OUTAGE_S = Number(values["outage-seconds"] ?? FLEET_FENCING.thresholdSeconds + 15);
 const s1 = (ms: number) => `${(ms / 1000).toFixed(1)} s`;
 const mb = (kb: number) => `${(kb / 1024).toFixed(1)} MB`;
-const hrNow = () => Number(process.hrtime.bigint()) / 1e6;
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] ?? 0;
-
-const status = async (f: FleetNode): Promise<FencingStatus | undefined> =>
-  JSON.parse(await readFile(`/proc/${f.machine.pid}/root/run/bashible/fencing.json`, "utf8").catch(() => "null")) ??
-  undefined;
-const longestPetGap = (f: FleetNode, from: number, to: number) => {
-  let prev = from;
-  let gap = 0;
-  for (const p of [...f.watchdog.bytes.filter((b) => b.b !== "V" && b.t >= from && b.t <= to).map((b) => b.t), to]) {
-    gap = Math.max(gap, p - prev);
-    prev = p;
-  }
-  return gap;
-};
 
 let world: World | undefined;
 let exitCode = 0;
-const load = (await readFile("/proc/loadavg", "utf8")).split(" ").slice(0, 3).join(" ");
+const load = await loadAverage();
 console.log(
   `fleet of ${N}: ${new Date().toISOString()}, ${os.cpus().length} CPUs (${os.cpus()[0]?.model}), load ${load}; fencing threshold ${FLEET_FENCING.thresholdSeconds} s, detection window ${FLEET_FENCING.detectionSeconds} s, kubelet window ${FLEET_FENCING.kubeletSeconds} s`,
 );
@@ -76,23 +68,8 @@ try {
   world = await startWorld({ log: (l) => console.log(`  ${l}`), cluster: FLEET_CLUSTER });
   const w = world;
   const { cluster } = w;
-  const admin = cluster.cp.admin;
-  const events = async (node: string, reason: string) =>
-    (
-      await admin.request<{ items: unknown[] }>(
-        "GET",
-        `/api/v1/events?fieldSelector=${encodeURIComponent(`involvedObject.name=${node},reason=${reason}`)}`,
-      )
-    ).items.length;
-  await cluster.apply(
-    nodeGroup(
-      {},
-      {
-        disruptions: { approvalMode: "Automatic", automatic: { drainBeforeApproval: true } },
-        update: { maxConcurrent: 1 },
-      },
-    ),
-  );
+  const events = async (node: string, reason: string) => (await nodeEvents(cluster, node, reason)).length;
+  await cluster.apply(nodeGroup({}, { disruptions: AUTOMATIC_WITH_DRAIN, update: ONE_AT_A_TIME }));
   await cluster.apply(disruptiveConfiguration("v1"));
   const joinStart = Date.now();
   const fleet = await joinFleet(w, fleetNames(N, "fbench"));
@@ -102,32 +79,14 @@ try {
   );
   const nodes = await nodeRecorder(w);
   const pods = await podRecorder(w);
-  const fleetSettled = (what: string) =>
-    until(
-      what,
-      async () => {
-        const c = await cluster.groupChecksum();
-        const ns = nodes.current;
-        return c && ns.length === N && ns.every((n) => isReady(n) && settled(n, c)) && c;
-      },
-      600_000,
-      250,
-    );
-  const before = await fleetSettled("the fleet settled");
+  const before = await fleetSettled(cluster, nodes, N, "the fleet settled", 600_000);
   for (const obj of workload()) await cluster.apply(obj);
   await pods.waitFor("3 app pods Ready", (ps) => ps.filter(podReady).length === 3, 300_000);
 
   // ---------- 1. rollout
   const rollStart = Date.now();
   await cluster.apply(disruptiveConfiguration("v2"));
-  const target = await until(
-    "the new checksum",
-    async () => {
-      const c = await cluster.groupChecksum();
-      return c !== before && c;
-    },
-    60_000,
-  );
+  const target = await newChecksum(cluster, before);
   await nodes.waitFor("every node settled", (ns) => ns.every((n) => settled(n, target)), 900_000);
   const rollTotal = Date.now() - rollStart;
   const hist = nodes.since(rollStart);
@@ -167,7 +126,7 @@ try {
   const verdicts = new Map<string, Set<string>>();
   while (Date.now() - stoppedAt < OUTAGE_S * 1000) {
     for (const f of fleet) {
-      const s = await status(f);
+      const s = await fencingStatus(f);
       if (s?.fencing) stoppedPetting.add(f.machine.name);
       if (s?.verdict) verdicts.set(f.machine.name, (verdicts.get(f.machine.name) ?? new Set()).add(s.verdict.kind));
     }
@@ -180,11 +139,11 @@ try {
   // The fencing controller re-lists and would act within a threshold of stale ages: give it that.
   const watchUntil = restartedAt + (FLEET_FENCING.thresholdSeconds + 10) * 1000;
   while (Date.now() < watchUntil) {
-    for (const f of fleet) if ((await status(f))?.fencing) stoppedPetting.add(f.machine.name);
+    for (const f of fleet) if ((await fencingStatus(f))?.fencing) stoppedPetting.add(f.machine.name);
     await sleep(1000);
   }
   const oTo = hrNow();
-  const gaps = fleet.map((f) => longestPetGap(f, oFrom, oTo));
+  const gaps = fleet.map((f) => f.watchdog.longestPetGap(oFrom, oTo));
   const freed = [...podsBefore].filter((uid) => !pods.current.some((p) => p.metadata.uid === uid)).length;
   const fencedAfter = (await Promise.all(names.map((n) => events(n, EVENTS.nodeFenced)))).reduce((a, b) => a + b, 0);
   const falseFences = stoppedPetting.size + gaps.filter((g) => g >= 60_000).length + (fencedAfter - fencedBefore);
@@ -205,12 +164,12 @@ try {
   const pFrom = hrNow();
   const cutAt = Date.now();
   await partition(victim.machine);
-  const lastPetAt = () => victim.watchdog.bytes.filter((b) => b.b !== "V").at(-1)?.t ?? pFrom;
+  const lastPetAt = () => victim.watchdog.lastPetAt(pFrom);
   // The agent says it stopped, or its pets stopped without it saying so (a hung check loop).
   const said = await until(
     "the pets to stop",
     async () =>
-      ((await status(victim))?.fencing && "said so") ||
+      ((await fencingStatus(victim))?.fencing && "said so") ||
       (hrNow() - lastPetAt() > 2 * FLEET_FENCING.detectionSeconds * 1000 && "silently"),
     300_000,
     250,
@@ -232,7 +191,7 @@ try {
   );
   const replaced = Date.now() - cutAt;
   const pTo = hrNow();
-  const otherGaps = fleet.filter((f) => f !== victim).map((f) => longestPetGap(f, pFrom, pTo));
+  const otherGaps = fleet.filter((f) => f !== victim).map((f) => f.watchdog.longestPetGap(pFrom, pTo));
   console.log(
     `\npartition of ${victim.machine.name} (veth down, ${victimPods.size} app pod(s) on it; the agent stopped petting ${said}):`,
   );

@@ -37,6 +37,7 @@ import { freePort, type ControlPlane } from "../lib/control-plane.ts";
 import { applyFencingRbac, createNode, loopbackNet } from "../lib/fencing.ts";
 import { type FakeWatchdog, fakeWatchdog } from "../lib/watchdog.ts";
 import { until } from "../lib/until.ts";
+import { loadAverage } from "../lib/proc-stats.ts";
 import type { Stack } from "../lib/stack.ts";
 
 const CASES = ["all", "no-early-oom", "no-fencing", "no-tick", "daemon-only"] as const;
@@ -284,7 +285,7 @@ async function report(procs: Proc[], bare: Proc, loadAtStart: string): Promise<v
     ];
     rows.push(`| ${cells.join(" | ")} |`);
   }
-  const load = (await readFile("/proc/loadavg", "utf8")).split(" ").slice(0, 3).join(" ");
+  const load = await loadAverage();
   console.log(
     `\n--- soak, ${new Date().toISOString()}, ${MINUTES} min, samples every ${INTERVAL} s, ${os.cpus().length} cores, load average ${loadAtStart} at the start, ${load} at the end\n`,
   );
@@ -330,7 +331,7 @@ try {
     if (typeof out === "number") closeSync(out);
     p.started = Date.now();
   }
-  const loadAtStart = (await readFile("/proc/loadavg", "utf8")).split(" ").slice(0, 3).join(" ");
+  const loadAtStart = await loadAverage();
   await soak(procs);
   await report(procs, bare, loadAtStart);
 } finally {

@@ -327,19 +327,42 @@ export async function startControlPlane(opts: StartOptions = {}): Promise<Contro
     };
     await apiReady();
 
-    let controllerManagerLog: string | undefined;
-    if (opts.controllerManager) {
-      const cm = opts.controllerManager === true ? {} : opts.controllerManager;
-      controllerManagerLog = path.join(dir, "kube-controller-manager.log");
-      const cmPort = await freePort();
-      const cmProc = await startProcess(
-        path.join(binDir, "kube-controller-manager"),
+    /**
+     * A component on the admin's credentials, serving its /healthz on a free loopback port:
+     * started, and waited for until that answers. `exitHint` follows its name when it exits.
+     */
+    const startComponent = async (bin: string, args: string[], log: string, exitHint = "") => {
+      const port = await freePort();
+      const proc = await startProcess(
+        path.join(binDir, bin),
         [
           `--kubeconfig=${adminKubeconfig}`,
           `--authentication-kubeconfig=${adminKubeconfig}`,
           `--authorization-kubeconfig=${adminKubeconfig}`,
           "--bind-address=127.0.0.1",
-          `--secure-port=${cmPort}`,
+          `--secure-port=${port}`,
+          ...args,
+        ],
+        log,
+      );
+      procs.push(proc);
+      const deadline = Date.now() + (opts.readyTimeoutSeconds ?? 90) * 1000;
+      for (;;) {
+        if (proc.exitCode !== null)
+          throw new Error(`${bin} exited with ${proc.exitCode}${exitHint}:\n${await tail(log)}`);
+        if (await healthy(`https://127.0.0.1:${port}/healthz`)) return;
+        if (Date.now() > deadline) throw new Error(`${bin} not healthy in time:\n${await tail(log)}`);
+        await new Promise((r) => setTimeout(r, 250));
+      }
+    };
+
+    let controllerManagerLog: string | undefined;
+    if (opts.controllerManager) {
+      const cm = opts.controllerManager === true ? {} : opts.controllerManager;
+      controllerManagerLog = path.join(dir, "kube-controller-manager.log");
+      await startComponent(
+        "kube-controller-manager",
+        [
           `--cert-dir=${path.join(dir, "controller-manager-certs")}`,
           "--leader-elect=false",
           `--controllers=${(cm.controllers ?? ["*"]).join(",")}`,
@@ -353,48 +376,15 @@ export async function startControlPlane(opts: StartOptions = {}): Promise<Contro
         ],
         controllerManagerLog,
       );
-      procs.push(cmProc);
-      const cmDeadline = Date.now() + (opts.readyTimeoutSeconds ?? 90) * 1000;
-      for (;;) {
-        if (cmProc.exitCode !== null)
-          throw new Error(
-            `kube-controller-manager exited with ${cmProc.exitCode}:\n${await tail(controllerManagerLog)}`,
-          );
-        if (await healthy(`https://127.0.0.1:${cmPort}/healthz`)) break;
-        if (Date.now() > cmDeadline)
-          throw new Error(`kube-controller-manager not healthy in time:\n${await tail(controllerManagerLog)}`);
-        await new Promise((r) => setTimeout(r, 250));
-      }
     }
 
-    if (opts.scheduler) {
-      const schedulerLog = path.join(dir, "kube-scheduler.log");
-      const schedulerPort = await freePort();
-      const sched = await startProcess(
-        path.join(binDir, "kube-scheduler"),
-        [
-          `--kubeconfig=${adminKubeconfig}`,
-          `--authentication-kubeconfig=${adminKubeconfig}`,
-          `--authorization-kubeconfig=${adminKubeconfig}`,
-          "--bind-address=127.0.0.1",
-          `--secure-port=${schedulerPort}`,
-          "--leader-elect=false",
-          "--v=1",
-        ],
-        schedulerLog,
+    if (opts.scheduler)
+      await startComponent(
+        "kube-scheduler",
+        ["--leader-elect=false", "--v=1"],
+        path.join(dir, "kube-scheduler.log"),
+        " (scripts/test-binaries.sh builds it)",
       );
-      procs.push(sched);
-      const deadline = Date.now() + (opts.readyTimeoutSeconds ?? 90) * 1000;
-      for (;;) {
-        if (sched.exitCode !== null)
-          throw new Error(
-            `kube-scheduler exited with ${sched.exitCode} (scripts/test-binaries.sh builds it):\n${await tail(schedulerLog)}`,
-          );
-        if (await healthy(`https://127.0.0.1:${schedulerPort}/healthz`)) break;
-        if (Date.now() > deadline) throw new Error(`kube-scheduler not healthy in time:\n${await tail(schedulerLog)}`);
-        await new Promise((r) => setTimeout(r, 250));
-      }
-    }
 
     const cp: ControlPlane = {
       dir,

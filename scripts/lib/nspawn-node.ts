@@ -37,17 +37,17 @@
 import { copyInto, writeInto } from "./machine-files.ts";
 import { type ChildProcess, spawn, spawnSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { closeSync, existsSync, mkdirSync, openSync, readFileSync, statSync, writeFileSync, writeSync } from "node:fs";
-import { lstat, mkdir, mkdtemp, open, readdir, readFile, readlink, unlink, writeFile } from "node:fs/promises";
+import { existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
+import { lstat, mkdir, mkdtemp, open, readdir, readFile, readlink, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { debianRoot } from "./debian-root.ts";
+import { reapSlots, type SlotPool, slotAddresses, slotFile, takeSlot } from "./net-slots.ts";
 
 /** Host side bookkeeping: a node's resources, so a later run can reap what a killed one left. */
 const STATE_DIR = "/run/bashible-test-nodes";
-/** Each node gets a /30 of this /16, taken by creating STATE_DIR/net/<slot> exclusively. */
-const NET_PREFIX = "10.213";
-const SLOTS = 16384;
+/** Each node gets a /30 of 10.213.0.0/16 (scripts/lib/net-slots.ts). */
+const NET: SlotPool = { stateDir: STATE_DIR, prefix: "10.213", owner: "nspawn-node" };
 const NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 export interface NodeOptions {
@@ -220,7 +220,7 @@ function teardownSync(s: NodeState, keepDir = false): void {
   if (s.slot >= 0) {
     sh(["ip", "netns", "delete", s.netns]);
     sh(["ip", "link", "delete", s.hostIf]);
-    sh(["rm", "-f", path.join(STATE_DIR, "net", String(s.slot))]);
+    sh(["rm", "-f", slotFile(NET, s.slot)]);
   }
   s.pid = undefined;
   s.nspawnPid = undefined;
@@ -259,36 +259,8 @@ export async function reapStaleNodes(): Promise<string[]> {
     reaped.push(s.name);
   }
   // Slots whose node record is gone (a crash between taking the slot and writing the record).
-  for (const slot of await readdir(path.join(STATE_DIR, "net")).catch(() => [] as string[])) {
-    const p = path.join(STATE_DIR, "net", slot);
-    const owner = Number((await readFile(p, "utf8").catch(() => "")).split(" ")[0]);
-    if (!alive(owner)) await unlink(p).catch(() => undefined);
-  }
+  await reapSlots(NET, alive);
   return reaped;
-}
-
-async function takeSlot(name: string): Promise<number> {
-  await mkdir(path.join(STATE_DIR, "net"), { recursive: true });
-  const start = randomBytes(2).readUInt16BE() % SLOTS;
-  for (let i = 0; i < SLOTS; i++) {
-    const slot = (start + i) % SLOTS;
-    try {
-      const fd = openSync(path.join(STATE_DIR, "net", String(slot)), "wx");
-      writeSync(fd, `${process.pid} ${name}\n`);
-      closeSync(fd);
-      return slot;
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code !== "EEXIST") throw err;
-    }
-  }
-  throw new Error("nspawn-node: no free network slot");
-}
-
-function slotAddresses(slot: number): { host: string; node: string } {
-  const base = slot * 4;
-  const third = Math.floor(base / 256);
-  const fourth = base % 256;
-  return { host: `${NET_PREFIX}.${third}.${fourth + 1}`, node: `${NET_PREFIX}.${third}.${fourth + 2}` };
 }
 
 /** The direct child of nspawn that became the container's init, once it runs systemd. */
@@ -437,7 +409,7 @@ export async function bootNode(opts: NodeOptions = {}): Promise<NspawnNode> {
   const upper = opts.copyRoot ? merged : path.join(dir, "upper");
   const work = path.join(dir, "work");
   for (const d of opts.copyRoot ? [merged] : [upper, work, merged]) await mkdir(d);
-  const slot = await takeSlot(name);
+  const slot = await takeSlot(NET, name);
   const s: NodeState = {
     owner: process.pid,
     name,
@@ -468,7 +440,7 @@ export async function bootNode(opts: NodeOptions = {}): Promise<NspawnNode> {
     await writeFile(path.join(merged, "etc/hostname"), `${name}\n`);
     await opts.beforeBoot?.(merged);
 
-    const addr = slotAddresses(slot);
+    const addr = slotAddresses(NET, slot);
     const nodeIf = `bnn-${id}`;
     must(["ip", "netns", "add", s.netns]);
     must(["ip", "link", "add", s.hostIf, "type", "veth", "peer", "name", nodeIf, "netns", s.netns]);
@@ -476,7 +448,7 @@ export async function bootNode(opts: NodeOptions = {}): Promise<NspawnNode> {
     must(["ip", "link", "set", s.hostIf, "up"]);
     const ns = ["ip", "-n", s.netns];
     must([...ns, "link", "set", nodeIf, "name", "eth0"]);
-    must([...ns, "addr", "add", `${addr.node}/30`, "dev", "eth0"]);
+    must([...ns, "addr", "add", `${addr.machine}/30`, "dev", "eth0"]);
     must([...ns, "link", "set", "eth0", "up"]);
     must([...ns, "link", "set", "lo", "up"]);
     must([...ns, "route", "add", "default", "via", addr.host]);
@@ -573,7 +545,7 @@ export async function bootNode(opts: NodeOptions = {}): Promise<NspawnNode> {
       get boots() {
         return boots;
       },
-      address: addr.node,
+      address: addr.machine,
       hostAddress: addr.host,
       hostInterface: s.hostIf,
       state: "",

@@ -47,20 +47,21 @@
 import { copyInto, writeInto } from "./machine-files.ts";
 import { type ChildProcess, spawn, spawnSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { closeSync, openSync, readFileSync, writeSync } from "node:fs";
-import { mkdir, mkdtemp, open, readdir, readFile, rm, stat, unlink, writeFile } from "node:fs/promises";
+import { readFileSync } from "node:fs";
+import { mkdir, mkdtemp, open, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
 import { connect } from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { StringDecoder } from "node:string_decoder";
 import { acquireLock } from "./flock.ts";
 import { diffTrees, type ExecOptions, type ExecResult, type NodeDiff } from "./nspawn-node.ts";
+import { reapSlots, type SlotPool, slotAddresses, slotFile, takeSlot } from "./net-slots.ts";
 import { connectQmp, type Qmp } from "./qmp.ts";
 import { HOST_KEY_ALIAS, VM_CACHE, vmImage, type VmImage, type VmImageOptions } from "./vm-image.ts";
 
 const STATE_DIR = "/run/bashible-test-vms";
-const NET_PREFIX = "10.214";
-const SLOTS = 16384;
+/** Each VM gets a /30 of 10.214.0.0/16 (scripts/lib/net-slots.ts). */
+const NET: SlotPool = { stateDir: STATE_DIR, prefix: "10.214", owner: "vm-node" };
 const GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /** One VM boots at a time on the machine: boots are CPU-bound under emulation. */
 const BOOT_LOCK = path.join(VM_CACHE, "boot.lock");
@@ -209,7 +210,7 @@ function teardownSync(s: VmState, keepDir = false): void {
   s.sshPid = undefined;
   if (s.slot >= 0) {
     sh(["ip", "link", "delete", s.tap]);
-    sh(["rm", "-f", path.join(STATE_DIR, "net", String(s.slot))]);
+    sh(["rm", "-f", slotFile(NET, s.slot)]);
     s.slot = -1;
   }
   if (keepDir) return;
@@ -246,36 +247,8 @@ export async function reapStaleVms(): Promise<string[]> {
     teardownSync(s);
     reaped.push(s.name);
   }
-  for (const slot of await readdir(path.join(STATE_DIR, "net")).catch(() => [] as string[])) {
-    const p = path.join(STATE_DIR, "net", slot);
-    const owner = Number((await readFile(p, "utf8").catch(() => "")).split(" ")[0]);
-    if (!owner || !alive(owner)) await unlink(p).catch(() => undefined);
-  }
+  await reapSlots(NET, alive);
   return reaped;
-}
-
-async function takeSlot(name: string): Promise<number> {
-  await mkdir(path.join(STATE_DIR, "net"), { recursive: true });
-  const start = randomBytes(2).readUInt16BE() % SLOTS;
-  for (let i = 0; i < SLOTS; i++) {
-    const slot = (start + i) % SLOTS;
-    try {
-      const fd = openSync(path.join(STATE_DIR, "net", String(slot)), "wx");
-      writeSync(fd, `${process.pid} ${name}\n`);
-      closeSync(fd);
-      return slot;
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code !== "EEXIST") throw err;
-    }
-  }
-  throw new Error("vm-node: no free network slot");
-}
-
-function slotAddresses(slot: number): { host: string; guest: string } {
-  const base = slot * 4;
-  const third = Math.floor(base / 256);
-  const fourth = base % 256;
-  return { host: `${NET_PREFIX}.${third}.${fourth + 1}`, guest: `${NET_PREFIX}.${third}.${fourth + 2}` };
 }
 
 /** Single-quotes for the guest's shell (ssh hands the command line to it as one string). */
@@ -312,14 +285,14 @@ export async function bootVm(opts: VmOptions = {}): Promise<VmNode> {
   const bootTimeoutMs = opts.bootTimeoutMs ?? 300_000;
   const killOnPanic = opts.killOnPanic ?? true;
   const dir = await mkdtemp(path.join(opts.parentDir ?? os.tmpdir(), `bashible-vm-${name}-`));
-  const slot = await takeSlot(name);
+  const slot = await takeSlot(NET, name);
   const s: VmState = { owner: process.pid, name, dir, tap: `bvt-${id}`, slot };
   live.set(name, s);
   await mkdir(STATE_DIR, { recursive: true });
   const writeState = () => writeFile(path.join(STATE_DIR, `${name}.json`), JSON.stringify(s));
   await writeState();
 
-  const addr = slotAddresses(slot);
+  const addr = slotAddresses(NET, slot);
   const disk = path.join(dir, "disk.qcow2");
   const consoleFile = path.join(dir, "console.log");
   const qemuLog = path.join(dir, "qemu.log");
@@ -330,7 +303,7 @@ export async function bootVm(opts: VmOptions = {}): Promise<VmNode> {
   const kernelArgs = [
     "console=ttyS0",
     "net.ifnames=0",
-    `ip=${addr.guest}::${addr.host}:255.255.255.252:${name}:eth0:off`,
+    `ip=${addr.machine}::${addr.host}:255.255.255.252:${name}:eth0:off`,
     `systemd.hostname=${name}`,
     `systemd.machine_id=${machineId}`,
     "systemd.unified_cgroup_hierarchy=1",
@@ -406,7 +379,7 @@ export async function bootVm(opts: VmOptions = {}): Promise<VmNode> {
     "-o",
     "LogLevel=ERROR",
     ...extra,
-    `root@${addr.guest}`,
+    `root@${addr.machine}`,
   ];
 
   let child: ChildProcess | undefined;
@@ -593,7 +566,7 @@ export async function bootVm(opts: VmOptions = {}): Promise<VmNode> {
         await sleep(50);
       }
       qmp = conn;
-      while (!(await sshBanner(addr.guest, 3000))) {
+      while (!(await sshBanner(addr.machine, 3000))) {
         await fatal("waiting for sshd");
         if (Date.now() > deadline) throw new Error(`${name}: sshd did not answer within the boot timeout`);
         await sleep(250);
@@ -657,7 +630,7 @@ export async function bootVm(opts: VmOptions = {}): Promise<VmNode> {
     dir,
     image,
     disk,
-    address: addr.guest,
+    address: addr.machine,
     hostAddress: addr.host,
     hostInterface: s.tap,
     get boots() {

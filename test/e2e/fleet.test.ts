@@ -15,13 +15,12 @@
 // systemd drop-in, the controller by its flags); the watchdog is the FIFO stand-in join.test.ts
 // uses. What the containers cannot show is in docs/testing.md.
 import t from "tap";
-import { existsSync } from "node:fs";
 import { readFile } from "node:fs/promises";
 import { EVENTS, NODE_KEYS } from "../../bundles/names.ts";
-import type { FencingStatus } from "../../agent/fencing/status-file.ts";
 import { nodeGroup } from "../../scripts/lib/e2e/cluster.ts";
 import {
   APP,
+  AUTOMATIC_WITH_DRAIN,
   checksumOf,
   DISRUPTIVE_MARKER,
   disrupted,
@@ -29,11 +28,16 @@ import {
   FLEET_CLUSTER,
   FLEET_FENCING,
   type FleetNode,
+  fencingStatus,
   fleetNames,
+  fleetSettled as settledAt,
   hasAnnotation,
   isReady,
   joinFleet,
+  newChecksum,
+  nodeEvents as eventsOf,
   nodeRecorder,
+  ONE_AT_A_TIME as UPDATE,
   partition,
   podReady,
   podRecorder,
@@ -42,41 +46,15 @@ import {
   workload,
 } from "../../scripts/lib/e2e/fleet.ts";
 import type { KubeObject } from "../../lib/kube/api.ts";
-import { startWorld, type World } from "../../scripts/lib/e2e/world.ts";
-import type { FakeWatchdog } from "../../scripts/lib/watchdog.ts";
+import { startWorld, type World, worldSkip } from "../../scripts/lib/e2e/world.ts";
+import { hrNow } from "../../scripts/lib/watchdog.ts";
 import { until } from "../../scripts/lib/until.ts";
 
-const missing = [
-  "/usr/bin/systemd-nspawn",
-  "/usr/sbin/debootstrap",
-  "/usr/bin/docker-registry",
-  "/usr/bin/openssl",
-].filter((p) => !existsSync(p));
-const skip =
-  process.getuid?.() !== 0
-    ? "needs root (boots systemd-nspawn machines, runs a control plane)"
-    : missing.length
-      ? `needs ${missing.join(", ")} (apt-get install systemd-container debootstrap docker-registry openssl)`
-      : false;
+const skip = worldSkip();
 
 // Every wait below is bounded by its own \`until\`; the file's timeout is only the net under them:
 // three bare machines joining at once take 2–5 minutes on a loaded 2-core CI machine.
 t.setTimeout(30 * 60_000);
-const AUTOMATIC = { approvalMode: "Automatic", automatic: { drainBeforeApproval: true } };
-const UPDATE = { maxConcurrent: 1 };
-const hrNow = () => Number(process.hrtime.bigint()) / 1e6;
-
-/** The longest gap between two pets (or from the last pet to `to`) in [from, to], hrtime ms. */
-function longestPetGap(w: FakeWatchdog, from: number, to: number): number {
-  const pets = w.bytes.filter((b) => b.b !== "V" && b.t >= from && b.t <= to).map((b) => b.t);
-  let prev = from;
-  let gap = 0;
-  for (const p of [...pets, to]) {
-    gap = Math.max(gap, p - prev);
-    prev = p;
-  }
-  return gap;
-}
 
 interface DeploymentObject extends KubeObject {
   status?: { availableReplicas?: number; readyReplicas?: number };
@@ -98,7 +76,7 @@ t.test(
 
     // The group as the scenario needs it, and the disruptive step at version 1 before anyone
     // joins: a node's first run applies it without asking (as Deckhouse's bootstrap does).
-    await cluster.apply(nodeGroup({}, { disruptions: AUTOMATIC, update: UPDATE }));
+    await cluster.apply(nodeGroup({}, { disruptions: AUTOMATIC_WITH_DRAIN, update: UPDATE }));
     await cluster.apply(disruptiveConfiguration("v1"));
 
     const joinStarted = Date.now();
@@ -130,28 +108,10 @@ t.test(
       "/apis/apps/v1/namespaces/default/deployments",
     ).start();
     t.teardown(() => deployments.stop());
-    const status = async (f: FleetNode): Promise<FencingStatus | undefined> =>
-      JSON.parse(await readFile(`/proc/${f.machine.pid}/root/run/bashible/fencing.json`, "utf8").catch(() => "null")) ??
-      undefined;
-    const nodeEvents = async (node: string, reason: string) =>
-      (
-        await admin.request<{ items: { message: string; metadata: { creationTimestamp: string } }[] }>(
-          "GET",
-          `/api/v1/events?fieldSelector=${encodeURIComponent(`involvedObject.name=${node},reason=${reason}`)}`,
-        )
-      ).items;
+    const nodeEvents = (node: string, reason: string) => eventsOf(cluster, node, reason);
     /** Every node at the group's checksum with nothing pending; returns that checksum. */
     const fleetSettled = (what: string, timeoutMs = 300_000) =>
-      until(
-        what,
-        async () => {
-          const c = await cluster.groupChecksum();
-          const ns = nodes.current;
-          return c && ns.length === names.length && ns.every((n) => isReady(n) && settled(n, c)) && c;
-        },
-        timeoutMs,
-        250,
-      );
+      settledAt(cluster, nodes, names.length, what, timeoutMs);
 
     await t.test("three nodes join, initialized, fenced by watchdog, running the workload", async (t) => {
       const c = await fleetSettled("the three nodes Ready at the group's checksum");
@@ -170,7 +130,7 @@ t.test(
       await Promise.all(fleet.map((f) => f.watchdog.nextPets(4, 60_000)));
       t.pass("every agent pets its watchdog");
       for (const f of fleet) {
-        const s = await until(`${f.machine.name}'s fencing status`, () => status(f), 30_000);
+        const s = await until(`${f.machine.name}'s fencing status`, () => fencingStatus(f), 30_000);
         t.equal(
           s.detectionWindowMs,
           FLEET_FENCING.detectionSeconds * 1000,
@@ -201,14 +161,7 @@ t.test(
       const before = await fleetSettled("the fleet settled");
       const startedAt = Date.now();
       await cluster.apply(disruptiveConfiguration("v2"));
-      const target = await until(
-        "the new checksum",
-        async () => {
-          const c = await cluster.groupChecksum();
-          return c !== before && c;
-        },
-        60_000,
-      );
+      const target = await newChecksum(cluster, before);
       await nodes.waitFor(
         "every node settled at the new checksum",
         (ns) => ns.every((n) => settled(n, target)),
@@ -287,14 +240,7 @@ t.test(
       const before = await fleetSettled("the fleet settled under Manual (a change without a disruption)");
       const startedAt = Date.now();
       await cluster.apply(disruptiveConfiguration("v3"));
-      const target = await until(
-        "the new checksum",
-        async () => {
-          const c = await cluster.groupChecksum();
-          return c !== before && c;
-        },
-        60_000,
-      );
+      const target = await newChecksum(cluster, before);
       const approvedAt: Record<string, number> = {};
       for (let round = 0; round < names.length; round++) {
         const asking = await nodes.waitFor(
@@ -370,7 +316,7 @@ t.test(
       await until(
         "every agent to hold the outage for twice its detection window",
         async () => {
-          const all = await Promise.all(fleet.map(status));
+          const all = await Promise.all(fleet.map(fencingStatus));
           all.forEach((s, i) => {
             const name = names[i] as string;
             seen[name] ??= new Set();
@@ -410,12 +356,12 @@ t.test(
       await Promise.all(fleet.map((f) => f.watchdog.nextPets(4, 60_000)));
       const to = hrNow();
       for (const f of fleet) {
-        const gap = longestPetGap(f.watchdog, from, to);
+        const gap = f.watchdog.longestPetGap(from, to);
         t.ok(
           gap < 60_000,
           `${f.machine.name} never went a watchdog timeout without a pet (longest gap ${(gap / 1000).toFixed(1)} s)`,
         );
-        const s = await status(f);
+        const s = await fencingStatus(f);
         t.equal(s?.fencing, false, `${f.machine.name} is not fencing`);
       }
       t.same(
@@ -440,11 +386,11 @@ t.test(
       t.comment(`${name} cut off (its veth down), with ${victimPods.size} app pod(s)`);
       // Pets stop: the agent says so (its verdict), or its pets stopped without it saying so (a
       // check loop that hangs stops them too); either way a real watchdog would fire.
-      const lastPet = () => victim.watchdog.bytes.filter((b) => b.b !== "V").at(-1)?.t ?? from;
+      const lastPet = () => victim.watchdog.lastPetAt(from);
       const stopped = await until(
         `${name}'s pets to stop`,
         async () => {
-          const s = await status(victim);
+          const s = await fencingStatus(victim);
           if (s?.fencing) return { s, said: true };
           return hrNow() - lastPet() > 2 * FLEET_FENCING.detectionSeconds * 1000 && { s, said: false };
         },
@@ -462,9 +408,9 @@ t.test(
           "-o",
           "cat",
         ]);
-        const last = victim.watchdog.bytes.filter((b) => b.b !== "V").at(-1)?.t ?? 0;
+        const last = victim.watchdog.lastPetAt(0);
         throw new Error(
-          `${(err as Error).message}\nlast pet ${((hrNow() - last) / 1000).toFixed(1)} s ago; status: ${JSON.stringify(await status(victim))}\njournal:\n${j.stdout.slice(-6000)}`,
+          `${(err as Error).message}\nlast pet ${((hrNow() - last) / 1000).toFixed(1)} s ago; status: ${JSON.stringify(await fencingStatus(victim))}\njournal:\n${j.stdout.slice(-6000)}`,
         );
       });
       t.ok(
@@ -506,9 +452,9 @@ t.test(
       );
       const to = hrNow();
       for (const f of others) {
-        const gap = longestPetGap(f.watchdog, from, to);
+        const gap = f.watchdog.longestPetGap(from, to);
         t.ok(gap < 60_000, `${f.machine.name} pet on throughout (longest gap ${(gap / 1000).toFixed(1)} s)`);
-        t.equal((await status(f))?.fencing, false, `${f.machine.name} is not fencing`);
+        t.equal((await fencingStatus(f))?.fencing, false, `${f.machine.name} is not fencing`);
       }
       t.comment(
         `partition: cut-off → last pet ${((lastPetAt - from) / 1000).toFixed(1)} s, → pods deleted ${((deletedAt - cutAt) / 1000).toFixed(1)} s, → replacements Ready ${((replacedAt - cutAt) / 1000).toFixed(1)} s (threshold ${FLEET_FENCING.thresholdSeconds} s)`,

@@ -20,7 +20,6 @@
 // those six, so the host is untouched); a reboot ends nspawn (the node is started again on the
 // same disk, as systemd-nspawn@.service does).
 import t from "tap";
-import { existsSync } from "node:fs";
 import { readFile } from "node:fs/promises";
 import path from "node:path";
 import { BOOTSTRAP_GROUP, BOOTSTRAP_GROUP_PREFIX } from "../../cluster/server/auth.ts";
@@ -39,21 +38,11 @@ import {
   type ScriptRun,
   startWorld,
   type World,
+  worldSkip,
 } from "../../scripts/lib/e2e/world.ts";
 import { until } from "../../scripts/lib/until.ts";
 
-const missing = [
-  "/usr/bin/systemd-nspawn",
-  "/usr/sbin/debootstrap",
-  "/usr/bin/docker-registry",
-  "/usr/bin/openssl",
-].filter((p) => !existsSync(p));
-const skip =
-  process.getuid?.() !== 0
-    ? "needs root (boots systemd-nspawn machines, runs a control plane)"
-    : missing.length
-      ? `needs ${missing.join(", ")} (apt-get install systemd-container debootstrap docker-registry openssl)`
-      : false;
+const skip = worldSkip();
 
 const CLEANUP_FLAG = "--yes-i-am-sane-and-i-understand-what-i-am-doing";
 // Every wait below is bounded by its own `until`; the file's timeout is only the net under them.

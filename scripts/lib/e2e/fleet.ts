@@ -25,11 +25,13 @@ import {
   kubeletWindowMs,
 } from "../../../bundles/fencing.ts";
 import { parseTimings } from "../../../agent/fencing/options.ts";
+import { type FencingStatus, readSavedStatus } from "../../../agent/fencing/status-file.ts";
 import { Informer, type InformerEvent } from "../../../lib/informer.ts";
 import type { KubeObject } from "../../../lib/kube/api.ts";
 import type { NspawnNode } from "../nspawn-node.ts";
+import { until } from "../until.ts";
 import { FakeWatchdog } from "../watchdog.ts";
-import { GROUP } from "./cluster.ts";
+import { type E2eCluster, GROUP } from "./cluster.ts";
 import { BUSYBOX_IMAGE } from "./images.ts";
 import { isReady, type Join, joinMachine, type KubeNode, type World } from "./world.ts";
 
@@ -93,6 +95,59 @@ export interface FleetNode {
   watchdog: FakeWatchdog;
   join: Join;
 }
+
+/** The rollout both the test and the bench start with: one node at a time, drained first. */
+export const AUTOMATIC_WITH_DRAIN = { approvalMode: "Automatic", automatic: { drainBeforeApproval: true } };
+export const ONE_AT_A_TIME = { maxConcurrent: 1 };
+
+/** The agent's /run/bashible/fencing.json on the machine (undefined before its first write). */
+export const fencingStatus = async (f: FleetNode): Promise<FencingStatus | undefined> =>
+  (await readSavedStatus(`/proc/${f.machine.pid}/root`)).status;
+
+/** The Events of `reason` on the Node. */
+export async function nodeEvents(
+  cluster: E2eCluster,
+  node: string,
+  reason: string,
+): Promise<{ message: string; metadata: { creationTimestamp: string } }[]> {
+  const selector = encodeURIComponent(`involvedObject.name=${node},reason=${reason}`);
+  return (
+    await cluster.cp.admin.request<{ items: { message: string; metadata: { creationTimestamp: string } }[] }>(
+      "GET",
+      `/api/v1/events?fieldSelector=${selector}`,
+    )
+  ).items;
+}
+
+/** The group's checksum, once it is no longer `before` (after a change to what it renders). */
+export const newChecksum = (cluster: E2eCluster, before: string | undefined): Promise<string> =>
+  until(
+    "the new checksum",
+    async () => {
+      const c = await cluster.groupChecksum();
+      return c !== before && c;
+    },
+    60_000,
+  );
+
+/** Every one of the `size` nodes Ready at the group's checksum with nothing pending; resolves with that checksum. */
+export const fleetSettled = (
+  cluster: E2eCluster,
+  nodes: NodeRecorder,
+  size: number,
+  what: string,
+  timeoutMs: number,
+): Promise<string> =>
+  until(
+    what,
+    async () => {
+      const c = await cluster.groupChecksum();
+      const ns = nodes.current;
+      return c && ns.length === size && ns.every((n) => isReady(n) && settled(n, c)) && c;
+    },
+    timeoutMs,
+    250,
+  );
 
 /** The fleet's machine names: unique per run (network namespaces and machines are host-wide). */
 export function fleetNames(n: number, prefix = "fleet"): string[] {

@@ -3,6 +3,7 @@
 // root, and what an operator does on a machine (make the control plane's name resolve, copy
 // bootstrap.sh over and run it).
 import type { ChildProcess } from "node:child_process";
+import { existsSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
@@ -41,6 +42,21 @@ export const E2E_NODE_OPTIONS: NodeOptions = {
   // cleanup_static_node.sh reboots the machine; the node comes back on the same disk.
   restartOnReboot: true,
 };
+
+/** Why this machine cannot run a world (a tap `skip`), or false when it can. */
+export function worldSkip(): string | false {
+  const missing = [
+    "/usr/bin/systemd-nspawn",
+    "/usr/sbin/debootstrap",
+    "/usr/bin/docker-registry",
+    "/usr/bin/openssl",
+  ].filter((p) => !existsSync(p));
+  return process.getuid?.() !== 0
+    ? "needs root (boots systemd-nspawn machines, runs a control plane)"
+    : missing.length
+      ? `needs ${missing.join(", ")} (apt-get install systemd-container debootstrap docker-registry openssl)`
+      : false;
+}
 
 export interface World {
   work: string;
