@@ -23,6 +23,11 @@ export const DIGEST = /^sha256:[0-9a-f]{64}$/;
 export const CERT_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 /** host:port, IPv6 in brackets. */
 export const ENDPOINT = /^[A-Za-z0-9.-]+:[0-9]{1,5}$|^\[[0-9a-fA-F:]+\]:[0-9]{1,5}$/;
+/**
+ * Where the node agent's authenticated metrics listen (`--metrics-secure-address`): `internal:PORT`
+ * (the Node's InternalIP) or an IP address and port; never a name a resolver would answer.
+ */
+export const METRICS_SECURE_ADDRESS = /^(?:internal|[0-9]{1,3}(?:\.[0-9]{1,3}){3}|\[[0-9a-fA-F:.]+\]):[0-9]{1,5}$/;
 /** Checksums: sha256 hex. */
 export const CHECKSUM = /^[0-9a-f]{64}$/;
 

@@ -6,7 +6,7 @@
 // A built-in step's schema is in its descriptor (bundles/steps/<kind>.ts); custom scripts'
 // is here (docs/steps.md, "Adding a step").
 import { arr, bool, int, type Infer, num, obj, oneOf, opt, str } from "./schema.ts";
-import { ENDPOINT } from "./rules.ts";
+import { ENDPOINT, METRICS_SECURE_ADDRESS } from "./rules.ts";
 import { BUILTIN_SPECS } from "./steps/index.ts";
 
 export type { NodeUserSpec } from "./steps/node-users.ts";
@@ -83,6 +83,15 @@ export const BUNDLE_CONTEXT = obj({
     /** Bearer token for the proxy; a secret. */
     token: str({ max: 4096 }),
   }),
+  /**
+   * The resident agent's own settings for every node (the cluster context's `agent`): where its
+   * authenticated metrics listen (`internal:9650`); absent = off, unless the node's flag says.
+   */
+  agent: opt(
+    obj({
+      metricsSecureAddress: opt(str({ max: 64, pattern: METRICS_SECURE_ADDRESS, what: "internal:PORT or IP:PORT" })),
+    }),
+  ),
 });
 
 export type BundleContext = Infer<typeof BUNDLE_CONTEXT>;

@@ -8,6 +8,7 @@ import type { KubeClient } from "../../lib/kube/client.ts";
 import type { Logger } from "../../lib/log/log.ts";
 import { processMetrics, Registry } from "../../lib/prometheus.ts";
 import type { EarlyOom, EarlyOomConfig } from "../early-oom/early-oom.ts";
+import type { SecureMetricsOptions } from "../metrics-secure.ts";
 
 export const RESIDENT_OPTIONS: OptionSpec = {
   "metrics-address": { type: "string" },
@@ -23,8 +24,9 @@ export const RESIDENT_HELP = `      --metrics-address HOST:PORT|off  Prometheus 
       --metrics-secure-address IP:PORT|internal:PORT|off  the same for an in-cluster
                           Prometheus: TLS with the kubelet's serving certificate, only to a bearer
                           token that may get nodes/metrics of this node; internal = the Node's
-                          InternalIP (default off: a port open off the node is the operator's
-                          choice, and it needs the API server; e.g. internal:9650)
+                          InternalIP; e.g. internal:9650 (default: the cluster's setting,
+                          agent.metricsSecureAddress of its context, followed as bundles
+                          change; without one off); given here, the node's choice wins
       --early-oom on|off|dry-run  kill the right pod under memory pressure (default on); dry-run
                           logs the decision and kills nothing
       --early-oom-config FILE  early OOM settings as JSON (docs/early-oom.md); defaults fill the rest
@@ -85,9 +87,10 @@ export async function startResidentJobs(o: {
       throw err;
     }
   }
-  const secureAddress = (values["metrics-secure-address"] as string | undefined) ?? "off";
+  // The node's flag, if given, wins over the cluster's setting (the applied bundle's
+  // context.agent.metricsSecureAddress), as the node's early OOM settings do.
+  const secureFlag = values["metrics-secure-address"] as string | undefined;
   let server: { close(): Promise<void> } | undefined;
-  let secure: { close(): Promise<void> } | undefined;
   // What both listeners serve beside /metrics.
   const eo = earlyOom;
   const json: Record<string, () => unknown> = eo ? { "/early-oom": () => eo.status() } : {};
@@ -104,48 +107,64 @@ export async function startResidentJobs(o: {
       throw err instanceof MetricsAddressError ? new UsageError(err.message) : err;
     });
   }
-  if (secureAddress !== "off") {
-    const { MetricsAddressError } = await import("../metrics-server.ts");
-    const { startSecureMetrics } = await import("../metrics-secure.ts");
-    // Waits for the kubelet's certificate and retries a taken address; never stops the agent.
-    secure = await startSecureMetrics({
-      registry,
-      address: secureAddress,
-      root,
-      log,
-      nodeName: o.nodeName,
-      kube: o.kube,
-      json,
-    }).catch((err: Error) => {
-      throw err instanceof MetricsAddressError
+  const secure = new SecureListener({ registry, root, log, nodeName: o.nodeName, kube: o.kube, json });
+  if (secureFlag !== undefined) {
+    await secure.moveTo(secureFlag).catch((err: Error) => {
+      throw err.name === "MetricsAddressError"
         ? new UsageError(`--metrics-secure-address: ${err.message.replace("metrics address", "the address")}`)
         : err;
     });
   }
-  // The node group's setting (NodeGroup spec.earlyOom, in the applied bundle) refines the flags:
-  // followed from disk, so a restarted agent applies it before it reaches the API.
+  // The applied bundle's settings (the node group's early OOM, the cluster's secure listener),
+  // followed from disk, so a restarted agent applies them before it reaches the API.
   let follower: { close(): void; refresh(): void } | undefined;
-  if (eo) {
-    const { mergeNodeAndGroup } = await import("../early-oom/config.ts");
-    const { followApplied, appliedNodeGroup } = await import("../fencing/config-source.ts");
+  if (eo || secureFlag === undefined) {
+    const merge = eo ? (await import("../early-oom/config.ts")).mergeNodeAndGroup : undefined;
+    const { followApplied, appliedContext } = await import("../fencing/config-source.ts");
+    // Early OOM takes its first reading whatever it is; the listener is already off when absent.
+    const seen = { earlyOom: "", secure: "null" };
+    const changed = (k: keyof typeof seen, v: unknown) => {
+      const key = JSON.stringify(v ?? null);
+      if (seen[k] === key) return false;
+      seen[k] = key;
+      return true;
+    };
     follower = followApplied(
       root,
-      async (r) => (await appliedNodeGroup(r))?.earlyOom,
-      (group) => {
-        try {
-          // The node's dry run or off wins over the group's (towards safety).
-          const { config, overruled } = mergeNodeAndGroup(base, group);
-          eo.configure(config);
-          if (overruled.length)
-            log.warn({ earlyOom: group, overruled }, `the node's own early OOM setting wins: ${overruled.join("; ")}`);
-          else if (group) log.info({ earlyOom: group }, "early OOM follows the node group's setting");
-        } catch (err) {
-          log.warn(
-            `the node group's early OOM setting is refused, keeping the last good one: ${(err as Error).message}`,
-          );
+      async (r) => {
+        const c = await appliedContext(r);
+        return { earlyOom: c?.nodeGroup?.earlyOom, secure: c?.agent?.metricsSecureAddress };
+      },
+      (applied) => {
+        if (eo && merge && changed("earlyOom", applied.earlyOom)) {
+          const group = applied.earlyOom;
+          try {
+            // The node's dry run or off wins over the group's (towards safety).
+            const { config, overruled } = merge(base, group);
+            eo.configure(config);
+            if (overruled.length)
+              log.warn(
+                { earlyOom: group, overruled },
+                `the node's own early OOM setting wins: ${overruled.join("; ")}`,
+              );
+            else if (group) log.info({ earlyOom: group }, "early OOM follows the node group's setting");
+          } catch (err) {
+            log.warn(
+              `the node group's early OOM setting is refused, keeping the last good one: ${(err as Error).message}`,
+            );
+          }
+        }
+        if (secureFlag === undefined && changed("secure", applied.secure)) {
+          const to = applied.secure ?? "off";
+          log.info(`authenticated metrics follow the cluster's setting: ${to}`);
+          secure
+            .moveTo(to)
+            .catch((err: Error) =>
+              log.warn(`the cluster's metrics listener setting '${to}' is refused: ${err.message}`),
+            );
         }
       },
-      (err) => log.warn(`cannot read the applied bundle for early OOM: ${err.message}`),
+      (err) => log.warn(`cannot read the applied bundle for the node's settings: ${err.message}`),
     );
   }
   return {
@@ -154,7 +173,41 @@ export async function startResidentJobs(o: {
     refresh: () => follower?.refresh(),
     async stop() {
       follower?.close();
-      await Promise.all([earlyOom?.stop(), server?.close(), secure?.close()]);
+      await Promise.all([earlyOom?.stop(), server?.close(), secure.close()]);
     },
   };
+}
+
+/**
+ * The authenticated listener (agent/metrics-secure.ts, loaded only once asked for), moved when
+ * its address changes: one move at a time, the old listener closed before the new one binds.
+ */
+class SecureListener {
+  private readonly options: Omit<SecureMetricsOptions, "address">;
+  private current: { address: string; close(): Promise<void> } | undefined;
+  private queue: Promise<unknown> = Promise.resolve();
+
+  constructor(options: Omit<SecureMetricsOptions, "address">) {
+    this.options = options;
+  }
+
+  /** Listens on `address` ("off" closes); rejects with MetricsAddressError for a bad one. */
+  moveTo(address: string): Promise<void> {
+    const move = this.queue.then(async () => {
+      if (this.current?.address === address) return;
+      await this.current?.close();
+      this.current = undefined;
+      if (address === "off") return;
+      const { startSecureMetrics } = await import("../metrics-secure.ts");
+      // Waits for the kubelet's certificate and retries a taken address; never stops the agent.
+      const listener = await startSecureMetrics({ ...this.options, address });
+      this.current = { address, close: () => listener.close() };
+    });
+    this.queue = move.catch(() => undefined);
+    return move;
+  }
+
+  close(): Promise<void> {
+    return this.moveTo("off");
+  }
 }

@@ -8,28 +8,34 @@ import { PATHS } from "../../bundles/paths.ts";
 import type { NodeGroupBundle } from "../../bundles/types.ts";
 import type { FencingConfig } from "./fencing.ts";
 
-type NodeGroupContext = NodeGroupBundle["context"]["nodeGroup"];
+type BundleContext = NodeGroupBundle["context"];
+type NodeGroupContext = BundleContext["nodeGroup"];
 
 /**
  * The last bundle read, by checksum: a bundle file is named by its checksum and never changes,
  * so the once-a-minute poll (and each job's) reads the small status file and parses the bundle,
  * which may be megabytes, only when a converge applied another one.
  */
-let lastRead: { root: string; checksum: string; nodeGroup: NodeGroupContext | undefined } | undefined;
+let lastRead: { root: string; checksum: string; context: BundleContext | undefined } | undefined;
 
-/** The node group part of the last applied bundle's context, or undefined before any. */
-export async function appliedNodeGroup(root: string): Promise<NodeGroupContext | undefined> {
+/** The last applied bundle's context, or undefined before any. */
+export async function appliedContext(root: string): Promise<BundleContext | undefined> {
   const status = JSON.parse(await readFile(path.join(root, PATHS.status), "utf8").catch(() => "{}")) as {
     appliedChecksum?: string;
   };
   const checksum = status.appliedChecksum;
   if (!checksum || !/^[0-9a-f]{64}$/.test(checksum)) return undefined;
-  if (lastRead?.root === root && lastRead.checksum === checksum) return lastRead.nodeGroup;
+  if (lastRead?.root === root && lastRead.checksum === checksum) return lastRead.context;
   const raw = await readFile(path.join(root, PATHS.bundles, `${checksum}.json`), "utf8").catch(() => undefined);
   if (!raw) return undefined;
-  const nodeGroup = (JSON.parse(raw) as NodeGroupBundle).context?.nodeGroup;
-  lastRead = { root, checksum, nodeGroup };
-  return nodeGroup;
+  const context = (JSON.parse(raw) as NodeGroupBundle).context;
+  lastRead = { root, checksum, context };
+  return context;
+}
+
+/** The node group part of the last applied bundle's context, or undefined before any. */
+export async function appliedNodeGroup(root: string): Promise<NodeGroupContext | undefined> {
+  return (await appliedContext(root))?.nodeGroup;
 }
 
 export function fencingConfigOf(ng: NodeGroupContext | undefined): FencingConfig | undefined {

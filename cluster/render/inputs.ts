@@ -172,8 +172,12 @@ export interface ClusterContext {
    * and the API proxy.
    */
   packages: Record<string, PackageDigest>;
-  /** The agent itself: which of `packages` it is, and its version (for bashibles/<group>). */
-  agent: { package: string; version: string };
+  /**
+   * The agent itself: which of `packages` it is, and its version (for bashibles/<group>);
+   * `metricsSecureAddress` (`internal:9650`) turns on every node's authenticated metrics
+   * listener for an in-cluster Prometheus (absent: off; a node's own flag wins).
+   */
+  agent: { package: string; version: string; metricsSecureAddress?: string };
 }
 
 export interface RenderInputs {

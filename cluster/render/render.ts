@@ -124,6 +124,8 @@ function bundleContext(ng: NodeGroupObject, ctx: ClusterContext, nowMs: number):
       : {}),
     ...(ctx.proxy ? { proxy: proxyOf(ctx.proxy) } : {}),
     packagesProxy: { endpoints: [...ctx.packagesProxy.endpoints], token: ctx.packagesProxy.token },
+    // Only when set: an agent older than the setting refuses a context key it does not know.
+    ...(ctx.agent.metricsSecureAddress ? { agent: { metricsSecureAddress: ctx.agent.metricsSecureAddress } } : {}),
   };
 }
 

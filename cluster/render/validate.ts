@@ -8,6 +8,7 @@ import {
   GROUP_NAME,
   MAX_GROUP_NAME,
   MAX_NODE_USER_UID,
+  METRICS_SECURE_ADDRESS,
   MIN_NODE_USER_UID,
   NGC_NAME,
   PACKAGE_NAME,
@@ -135,6 +136,15 @@ export function checkContext(c: ClusterContext): void {
     );
   }
   if (typeof c.agent.version !== "string" || !SHELL_SAFE.test(c.agent.version)) throw bad("agent.version is required");
+  const secure = c.agent.metricsSecureAddress;
+  if (
+    secure !== undefined &&
+    (!METRICS_SECURE_ADDRESS.test(String(secure)) || Number(String(secure).split(":").pop()) > 65535)
+  ) {
+    throw bad(
+      `agent.metricsSecureAddress '${secure}' must be internal:PORT (the Node's InternalIP) or IP:PORT, e.g. internal:9650`,
+    );
+  }
   if (c.registry && !SHELL_SAFE.test(`${c.registry.address}/${c.registry.path}`)) {
     throw bad("registry.address and registry.path must be plain host[:port] and path");
   }

@@ -12,6 +12,7 @@ import os from "node:os";
 import path from "node:path";
 import type { TLSSocket } from "node:tls";
 import { startResidentJobs } from "../../agent/commands/resident-jobs.ts";
+import { PATHS } from "../../bundles/paths.ts";
 import { KUBELET_SERVING_CERT, startSecureMetrics } from "../../agent/metrics-secure.ts";
 import { LISTENER_LIMITS } from "../../agent/metrics-server.ts";
 import { KubeClient } from "../../lib/kube/client.ts";
@@ -162,6 +163,81 @@ t.test("bashible run's jobs: allowed 200, not allowed 403, no or garbage token 4
   t.notOk(logged.includes(allowed) || logged.includes(denied), "no token in the log");
   t.ok(log.lines.some((l) => /metrics listening on 127\.0\.0\.1:\d+ \(TLS/.test(l.msg)));
 });
+
+/** A converge's record that it applied a bundle with this context (what the resident agent follows). */
+async function applyBundle(root: string, n: number, context: Record<string, unknown>): Promise<void> {
+  const checksum = n.toString(16).padStart(64, "0");
+  await mkdir(path.join(root, PATHS.bundles), { recursive: true });
+  await writeFile(path.join(root, PATHS.bundles, `${checksum}.json`), JSON.stringify({ checksum, context }));
+  await writeFile(`${path.join(root, PATHS.status)}.new`, JSON.stringify({ appliedChecksum: checksum }));
+  await rename(`${path.join(root, PATHS.status)}.new`, path.join(root, PATHS.status));
+}
+
+/** Whether something accepts connections on 127.0.0.1:`port`. */
+const listening = (port: number) =>
+  new Promise<boolean>((resolve) => {
+    const s = connect(port, "127.0.0.1");
+    s.once("connect", () => {
+      s.destroy();
+      resolve(true);
+    });
+    s.once("error", () => resolve(false));
+  });
+
+t.test(
+  "without the flag the listener follows the cluster's setting in the applied bundle; the flag wins",
+  async (t) => {
+    const root = path.join(dir, "follow");
+    await servingPem(root, "serving-follow");
+    const [p1, p2, p3] = [await freePort(), await freePort(), await freePort()];
+    const log = captureLogger();
+    const jobs = await startResidentJobs({
+      values: { "early-oom": "off", "metrics-address": "off" },
+      root,
+      log,
+      nodeName: NODE,
+      kube: () => kubelet,
+    });
+    t.teardown(() => jobs.stop());
+    t.notOk(await listening(p1), "nothing applied yet: off");
+
+    await applyBundle(root, 1, { agent: { metricsSecureAddress: `127.0.0.1:${p1}` } });
+    jobs.refresh();
+    const ok = await until("the listener on the bundle's address", () => get(p1, allowed).catch(() => undefined));
+    t.equal(ok.status, 200, "authenticated as with the flag");
+    t.equal((await get(p1)).status, 401);
+
+    await applyBundle(root, 2, { agent: { metricsSecureAddress: `127.0.0.1:${p2}` } });
+    jobs.refresh();
+    t.equal(
+      (await until("the listener on the new address", () => get(p2, allowed).catch(() => undefined))).status,
+      200,
+    );
+    t.notOk(await listening(p1), "the old address closed before the new one bound");
+
+    await applyBundle(root, 3, { nodeGroup: { name: "worker" } });
+    jobs.refresh();
+    await until("the listener to close with the setting gone", async () => !(await listening(p2)));
+    t.ok(log.lines.some((l) => l.msg === "authenticated metrics follow the cluster's setting: off"));
+
+    // The node's own flag: the bundle's address is never opened.
+    const pinnedRoot = path.join(dir, "pinned");
+    await servingPem(pinnedRoot, "serving-pinned");
+    await applyBundle(pinnedRoot, 4, { agent: { metricsSecureAddress: `127.0.0.1:${p3}` } });
+    const pinnedPort = await freePort();
+    const pinned = await startResidentJobs({
+      values: { "early-oom": "off", "metrics-address": "off", "metrics-secure-address": `127.0.0.1:${pinnedPort}` },
+      root: pinnedRoot,
+      log: captureLogger(),
+      nodeName: NODE,
+      kube: () => kubelet,
+    });
+    t.teardown(() => pinned.stop());
+    pinned.refresh();
+    t.equal((await until("the flag's listener", () => get(pinnedPort, allowed).catch(() => undefined))).status, 200);
+    t.notOk(await listening(p3), "the node's flag wins over the bundle");
+  },
+);
 
 t.test("waits for the kubelet's certificate with one log line, then serves it, and a rotated one", async (t) => {
   const root = path.join(dir, "wait");
