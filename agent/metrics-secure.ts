@@ -15,7 +15,7 @@ import { readFile, stat } from "node:fs/promises";
 import { isIP, type Socket } from "node:net";
 import path from "node:path";
 import type { KubeClient } from "../lib/kube/client.ts";
-import { MetricsAuthorizer } from "./metrics-auth.ts";
+import { MetricsAuthorizer, nodeMetricsAccess } from "../lib/metrics-auth.ts";
 import {
   boundPort,
   closeServer,
@@ -100,7 +100,7 @@ export async function startSecureMetrics(o: SecureMetricsOptions): Promise<Secur
   const limits = o.limits ?? LISTENER_LIMITS;
   const pollMs = o.pollMs ?? 30_000;
   const log = o.log.child({ component: "metrics-secure" });
-  const authz = new MetricsAuthorizer({ kube: o.kube, nodeName: o.nodeName });
+  const authz = new MetricsAuthorizer({ kube: o.kube, access: nodeMetricsAccess(o.nodeName) });
   const serve = metricsHandler(o);
   let lastReviewError: string | undefined;
   const handle = (req: IncomingMessage, res: ServerResponse) => {

@@ -17,6 +17,7 @@ import { EVENTS, LEASES, NAMESPACE } from "../../bundles/names.ts";
 import { writeChecksums } from "./checksums.ts";
 import { RenderLoop } from "./render-loop.ts";
 import { Metrics } from "./metrics.ts";
+import { MetricsAuthorizer, nonResourceAccess } from "../../lib/metrics-auth.ts";
 import { serve, type RunningServer } from "./server.ts";
 import { providerPermanentGroups } from "./conversion-webhook.ts";
 import type { ListenerLimits } from "../listener-limits.ts";
@@ -245,6 +246,10 @@ export async function startBundleServer(o: AppOptions): Promise<App> {
       limits: o.limits,
       fresh: gate ? freshness(store, gate, loop) : undefined,
       conversion: kube ? { permanentGroups: () => providerPermanentGroups(kube) } : {},
+      // In a cluster, /metrics as Deckhouse's kube-rbac-proxy guards it: get on /metrics.
+      ...(kube
+        ? { metricsAuth: new MetricsAuthorizer({ kube: () => kube, access: nonResourceAccess("/metrics") }) }
+        : {}),
     });
   } catch (err) {
     await Promise.all(leaderships.map((l) => l.stop()));

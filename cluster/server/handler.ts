@@ -5,6 +5,7 @@ import { API_GROUP, API_VERSION } from "../../bundles/types.ts";
 import type { Logger } from "../../lib/log/log.ts";
 import { AuthError, authenticate, inScope, scopeOf, type AuthConfig, type Identity, type Scope } from "./auth.ts";
 import type { Metrics } from "./metrics.ts";
+import type { Verdict } from "../../lib/metrics-auth.ts";
 import { apiGroup, apiGroupList, apiResourceList, isResource, RESOURCES, type ResourceName } from "./resources.ts";
 import type { BundleStore } from "./store.ts";
 import { table, wantsTable } from "./table.ts";
@@ -27,6 +28,11 @@ export interface HandlerDeps {
    * replica) showed, waiting briefly for it to catch up. Without: any rv is served as is.
    */
   fresh?: FreshnessCheck | undefined;
+  /**
+   * Who may read /metrics: a bearer token reviewed with the API server (lib/metrics-auth.ts).
+   * Absent (the standalone server, which has no API server to ask): /metrics is open.
+   */
+  metricsAuth?: { check(authorization: string | undefined): Promise<Verdict>; lastError: string | undefined };
 }
 
 const PREFIX = `/apis/${API_GROUP}/v1alpha1`;
@@ -78,7 +84,17 @@ export function createHandler(deps: HandlerDeps) {
         ? send(res, 200, "ok", { "Content-Type": "text/plain" })
         : send(res, 503, "not ready: first render not done", { "Content-Type": "text/plain" });
     }
-    if (path === "/metrics") return send(res, 200, metrics.text(), { "Content-Type": "text/plain; version=0.0.4" });
+    if (path === "/metrics") {
+      const verdict = deps.metricsAuth ? await deps.metricsAuth.check(req.headers.authorization) : 200;
+      if (verdict === 200) return send(res, 200, metrics.text(), { "Content-Type": "text/plain; version=0.0.4" });
+      if (verdict === 503)
+        log.warn(`a scrape's token could not be reviewed (answered 503): ${deps.metricsAuth?.lastError}`);
+      // As kube-rbac-proxy answers: no detail beyond the code.
+      return send(res, verdict, "", {
+        "Content-Type": "text/plain",
+        ...(verdict === 401 ? { "WWW-Authenticate": 'Bearer realm="bashible-server"' } : {}),
+      });
+    }
 
     let id: Identity | undefined;
     try {

@@ -15,6 +15,7 @@
 import t from "tap";
 import { spawnSync } from "node:child_process";
 import { mkdir, mkdtemp, readFile, rename, rm, writeFile } from "node:fs/promises";
+import { request as httpsRequest } from "node:https";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -125,6 +126,8 @@ await cp.kubectl([
   "--clusterrole=prometheus-discovery",
   "--serviceaccount=d8-monitoring:prometheus",
 ]);
+await cp.kubectl(["create", "serviceaccount", "nosy", "-n", "default"]);
+const nosy = (await cp.kubectl(["create", "token", "nosy", "-n", "default", "--duration=1h"])).trim();
 const tokenFile = path.join(dir, "token");
 await writeFile(
   tokenFile,
@@ -224,7 +227,31 @@ t.teardown(() => prom.stop());
 
 t.test("the bundle server's pod is scraped: the controllers' Deckhouse-named series", async (t) => {
   const up = await prom.upTarget("bashible-server", (l) => l.pod === "bashible-server-0");
-  t.equal(up.lastError, "", "scraped without an error");
+  t.equal(up.lastError, "", "scraped with Prometheus' token, which may get /metrics");
+  // Anyone else who reaches the pod: nothing.
+  const scrape = (token?: string) =>
+    new Promise<number>((resolve, reject) => {
+      const req = httpsRequest(
+        {
+          host: "127.0.0.1",
+          port: server.app.port,
+          path: "/metrics",
+          ca: server.caPem,
+          servername: "localhost",
+          agent: false,
+          headers: token ? { authorization: `Bearer ${token}` } : {},
+        },
+        (res) => {
+          res.resume();
+          resolve(res.statusCode ?? 0);
+        },
+      );
+      req.on("error", reject);
+      req.end();
+    });
+  t.equal(await scrape(), 401, "no token");
+  t.equal(await scrape("garbage"), 401, "a token the API server does not accept");
+  t.equal(await scrape(nosy), 403, "a ServiceAccount not granted get on /metrics");
   const unmanaged = await until("d8_unmanaged_nodes_on_cluster from the server", async () => {
     const r = await prom.query(`d8_unmanaged_nodes_on_cluster{job="bashible-server"}`);
     return r.length > 0 && r;

@@ -8,7 +8,9 @@ import {
   bearerToken,
   DecisionCache,
   MetricsAuthorizer,
-} from "../../agent/metrics-auth.ts";
+  nodeMetricsAccess,
+  nonResourceAccess,
+} from "../../lib/metrics-auth.ts";
 
 t.test("the bearer token, and nothing else, is taken from the header", async (t) => {
   t.equal(bearerToken("Bearer abc.def-ghi_1"), "abc.def-ghi_1");
@@ -39,7 +41,7 @@ t.test("only an authenticated user with a name is asked about; only allowed: tru
   t.equal(accessVerdict({ allowed: true }), 200);
   t.equal(accessVerdict({ allowed: false }), 403);
   t.equal(accessVerdict(undefined), 403, "no answer denies");
-  const sar = accessReview(user, "worker-1");
+  const sar = accessReview(user, nodeMetricsAccess("worker-1"));
   t.same(sar.spec.resourceAttributes, {
     verb: "get",
     group: "",
@@ -48,6 +50,9 @@ t.test("only an authenticated user with a name is asked about; only allowed: tru
     name: "worker-1",
   });
   t.same([sar.spec.user, sar.spec.uid, sar.spec.groups], [user.username, "u1", user.groups], "asked for that user");
+  const server = accessReview(user, nonResourceAccess("/metrics"));
+  t.same(server.spec.nonResourceAttributes, { verb: "get", path: "/metrics" }, "the bundle server's: get /metrics");
+  t.equal(server.spec.resourceAttributes, undefined);
 });
 
 t.test("the cache holds at most its bound, for its time", async (t) => {
@@ -71,7 +76,7 @@ t.test("no API connection: 503, and not remembered; no token: 401 without asking
       asked++;
       return undefined;
     },
-    nodeName: "n",
+    access: nodeMetricsAccess("n"),
     cache,
   });
   t.equal(await a.check(undefined), 401);

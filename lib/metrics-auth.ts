@@ -1,11 +1,12 @@
-// Who may read the node agent's metrics from off the node: the check kube-rbac-proxy makes in
-// front of Deckhouse's daemons, and the kubelet on its own /metrics. A bearer token the API
-// server accepts (TokenReview) whose user may `get` `nodes/metrics` of this node
-// (SubjectAccessReview). Both reviews are made with the agent's own client (the kubelet's
-// credentials: the Node authorizer lets a node create both). Decisions are cached for a minute,
+// Who may read metrics: the check kube-rbac-proxy makes in front of Deckhouse's daemons, and the
+// kubelet on its own /metrics. A bearer token the API server accepts (TokenReview) whose user
+// may do what the listener asks (SubjectAccessReview): `get` `nodes/metrics` of its node for the
+// node agent (both reviews made with the kubelet's credentials: the Node authorizer lets a node
+// create both), `get` on the non-resource `/metrics` for the bundle server (with its
+// ServiceAccount, bound to system:auth-delegator). Decisions are cached for a minute,
 // in a bounded cache keyed by the token's hash (the token itself is not kept, nor ever logged).
 import { createHash } from "node:crypto";
-import type { KubeClient } from "../lib/kube/client.ts";
+import type { KubeClient } from "./kube/client.ts";
 
 /** 200 serve, 401 no or invalid token, 403 not allowed, 503 the API server could not decide. */
 export type Verdict = 200 | 401 | 403 | 503;
@@ -28,8 +29,13 @@ export function authenticatedUser(status: { authenticated?: boolean; user?: Revi
   return status?.authenticated === true && status.user?.username ? status.user : undefined;
 }
 
-/** The SubjectAccessReview the kubelet makes for its /metrics, for this node. */
-export function accessReview(user: ReviewedUser, node: string) {
+/** The access the kubelet asks for its /metrics: get nodes/metrics of this node. */
+export const nodeMetricsAccess = (node: string): Access => ({
+  resourceAttributes: { verb: "get", group: "", resource: "nodes", subresource: "metrics", name: node },
+});
+
+/** The SubjectAccessReview asking whether `user` has `access`. */
+export function accessReview(user: ReviewedUser, access: Access) {
   return {
     apiVersion: "authorization.k8s.io/v1",
     kind: "SubjectAccessReview",
@@ -38,10 +44,19 @@ export function accessReview(user: ReviewedUser, node: string) {
       uid: user.uid,
       groups: user.groups,
       extra: user.extra,
-      resourceAttributes: { verb: "get", group: "", resource: "nodes", subresource: "metrics", name: node },
+      ...access,
     },
   };
 }
+
+/** What a reviewed user must be allowed: the attributes of its SubjectAccessReview. */
+export interface Access {
+  resourceAttributes?: Record<string, string>;
+  nonResourceAttributes?: { verb: string; path: string };
+}
+
+/** `get` on a non-resource path (what kube-rbac-proxy asks by default). */
+export const nonResourceAccess = (p: string): Access => ({ nonResourceAttributes: { verb: "get", path: p } });
 
 /** SubjectAccessReview status → 200 or 403 (a denial, an error or no answer all deny). */
 export const accessVerdict = (status: { allowed?: boolean } | undefined): Verdict =>
@@ -89,8 +104,8 @@ const REVIEW_TIMEOUT_MS = 5000;
  */
 export class MetricsAuthorizer {
   private readonly cache: DecisionCache<Promise<Verdict>>;
-  private readonly o: { kube: () => KubeClient | undefined; nodeName: string };
-  constructor(o: { kube: () => KubeClient | undefined; nodeName: string; cache?: DecisionCache<Promise<Verdict>> }) {
+  private readonly o: { kube: () => KubeClient | undefined; access: Access };
+  constructor(o: { kube: () => KubeClient | undefined; access: Access; cache?: DecisionCache<Promise<Verdict>> }) {
     this.o = o;
     this.cache = o.cache ?? new DecisionCache();
   }
@@ -138,7 +153,7 @@ export class MetricsAuthorizer {
       const sar = await kube.request<{ status?: { allowed?: boolean } }>(
         "POST",
         "/apis/authorization.k8s.io/v1/subjectaccessreviews",
-        { body: accessReview(user, this.o.nodeName), timeoutMs: REVIEW_TIMEOUT_MS },
+        { body: accessReview(user, this.o.access), timeoutMs: REVIEW_TIMEOUT_MS },
       );
       this.lastError = undefined;
       return accessVerdict(sar.status);
