@@ -366,21 +366,24 @@ t.test("a package's layer digest from the context reaches the bundle, which the 
   t.throws(() => render(i), /packages\.containerd\.layer must be sha256:<64 hex>/);
 });
 
-t.test("the cluster's agent.metricsSecureAddress reaches every bundle's context; absent, bundles stay as they were", async (t) => {
-  const before = render(inputs());
-  t.notOk("agent" in before.bundle.context, "no setting, no key: an older agent accepts the bundle");
-  const i = inputs();
-  i.context.agent = { ...i.context.agent, metricsSecureAddress: "internal:9650" };
-  const r = render(i);
-  t.same(r.bundle.context.agent, { metricsSecureAddress: "internal:9650" });
-  t.not(r.checksum, before.checksum, "turning it on is a new bundle for every node");
-  t.doesNotThrow(() => acceptBundle(Buffer.from(serialize(r.bundle)), "test"));
-  for (const bad of ["localhost:9650", "internal", "10.0.0.1:70000", "internal:9650; rm -rf /"]) {
-    i.context.agent = { ...i.context.agent, metricsSecureAddress: bad };
-    t.throws(() => render(i), /agent\.metricsSecureAddress .* must be internal:PORT/, bad);
-  }
-  // A node refuses a bundle with a name where an address must be (a server that did not check).
-  const forged = JSON.parse(serialize(r.bundle));
-  forged.context.agent.metricsSecureAddress = "attacker.example:9650";
-  t.throws(() => acceptBundle(Buffer.from(JSON.stringify(forged)), "test"), /metricsSecureAddress/);
-});
+t.test(
+  "the cluster's agent.metricsSecureAddress reaches every bundle's context; absent, bundles stay as they were",
+  async (t) => {
+    const before = render(inputs());
+    t.notOk("agent" in before.bundle.context, "no setting, no key: an older agent accepts the bundle");
+    const i = inputs();
+    i.context.agent = { ...i.context.agent, metricsSecureAddress: "internal:9650" };
+    const r = render(i);
+    t.same(r.bundle.context.agent, { metricsSecureAddress: "internal:9650" });
+    t.not(r.checksum, before.checksum, "turning it on is a new bundle for every node");
+    t.doesNotThrow(() => acceptBundle(Buffer.from(serialize(r.bundle)), "test"));
+    for (const bad of ["localhost:9650", "internal", "10.0.0.1:70000", "internal:9650; rm -rf /"]) {
+      i.context.agent = { ...i.context.agent, metricsSecureAddress: bad };
+      t.throws(() => render(i), /agent\.metricsSecureAddress .* must be internal:PORT/, bad);
+    }
+    // A node refuses a bundle with a name where an address must be (a server that did not check).
+    const forged = JSON.parse(serialize(r.bundle));
+    forged.context.agent.metricsSecureAddress = "attacker.example:9650";
+    t.throws(() => acceptBundle(Buffer.from(JSON.stringify(forged)), "test"), /metricsSecureAddress/);
+  },
+);
