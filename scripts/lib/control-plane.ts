@@ -449,6 +449,8 @@ export async function startControlPlane(opts: StartOptions = {}): Promise<Contro
             (err, stdout, stderr) =>
               err ? reject(new Error(`kubectl ${args.join(" ")}: ${stderr || err.message}`)) : resolve(stdout),
           );
+          // A kubectl that exits before reading its input (EPIPE) fails with its stderr above.
+          child.stdin?.on("error", () => undefined);
           if (o.input !== undefined) child.stdin?.end(o.input);
         });
       },
