@@ -113,7 +113,7 @@ try {
   const { machine } = kept;
   if (only.has("join")) {
     const pick = (f: (b: Breakdown) => number) => sec(median(joins.map(f)));
-    console.log(`\njoin, medians of ${joins.length} fresh machines (goal <= 60 s):`);
+    console.log(`\njoin, medians of ${joins.length} fresh machines (goal <= 15 s from a bare machine in nspawn):`);
     console.log(`  bootstrap.sh start → Node Ready      ${pick((b) => b.total)}`);
     console.log(`    phase 1: fetch phase 2            ${pick((b) => b.phase1)}`);
     console.log(`    phase 2: install the agent        ${pick((b) => b.agent)}`);
