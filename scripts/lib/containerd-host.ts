@@ -134,6 +134,9 @@ export async function startHostContainerd(dir: string): Promise<HostContainerd> 
         );
         let err = "";
         imp.stderr.on("data", (d: Buffer) => (err += d));
+        // ctr may exit once it has read the last entry, before tar's end-of-archive padding is
+        // written: that write fails with EPIPE, and ctr's exit code, not the pipe, decides.
+        imp.stdin.on("error", () => undefined);
         tar.stdout.pipe(imp.stdin);
         imp.once("close", (code) => (code === 0 ? resolve() : reject(new Error(`ctr images import ${dir}: ${err}`))));
       });
