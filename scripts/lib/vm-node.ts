@@ -62,6 +62,8 @@ import { HOST_KEY_ALIAS, VM_CACHE, vmImage, type VmImage, type VmImageOptions } 
 const STATE_DIR = "/run/bashible-test-vms";
 /** Each VM gets a /30 of 10.214.0.0/16 (scripts/lib/net-slots.ts). */
 const NET: SlotPool = { stateDir: STATE_DIR, prefix: "10.214", owner: "vm-node" };
+/** The network the VMs' taps are in. */
+export const VM_NETWORK = `${NET.prefix}.0.0/16`;
 const GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /** One VM boots at a time on the machine: boots are CPU-bound under emulation. */
 const BOOT_LOCK = path.join(VM_CACHE, "boot.lock");

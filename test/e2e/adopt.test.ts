@@ -87,6 +87,7 @@ t.test(
     t.equal(join.run.exitCode, 0, "the machine joined");
     t.ok(isReady(join.node), "its Node is Ready");
     const nodeUid = (join.node as { metadata: { uid?: string } } | undefined)?.metadata.uid;
+    t.match(nodeUid, /^[0-9a-f-]{36}$/, "the Node object's uid, kept to compare");
     const sameNode = async (t: Test, when: string) =>
       t.equal(
         ((await getNode(cluster, name)) as { metadata: { uid?: string } } | undefined)?.metadata.uid,

@@ -38,6 +38,7 @@ import { buildImage, IMAGE_NAME, IMAGE_UID } from "../../image.ts";
 import { type ControlPlane, freePort, startControlPlane } from "../control-plane.ts";
 import { until } from "../until.ts";
 import { createCA, issueCert } from "../pki.ts";
+import { VM_NETWORK } from "../vm-node.ts";
 import { PAUSE_IMAGE } from "./images.ts";
 
 /** The name nodes dial for the API server and the registry-packages proxy. */
@@ -249,9 +250,10 @@ export async function startE2eCluster(o: {
       clusterCA: await readFile(cp.ca.cert, "utf8"),
       packagesProxy: { endpoints: [proxyEndpoint], token: proxyToken },
       images: { pause: PAUSE_IMAGE },
-      // The machines' network (scripts/lib/nspawn-node.ts: a /30 of it each): 000_discover_node_ip
-      // picks the address in it, as a StaticClusterConfiguration's internalNetworkCIDRs say.
-      internalNetworkCIDRs: [NODE_NETWORK],
+      // The machines' networks (scripts/lib/nspawn-node.ts and vm-node.ts: a /30 of one each):
+      // 000_discover_node_ip picks the address in them, as a StaticClusterConfiguration's
+      // internalNetworkCIDRs say.
+      internalNetworkCIDRs: [NODE_NETWORK, VM_NETWORK],
       packages,
       agent: { package: "bashible", version: agentVersion },
     };

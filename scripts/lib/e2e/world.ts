@@ -12,6 +12,8 @@ import { type BuiltPackage, buildPackages } from "../../package.ts";
 import { debianRoot } from "../debian-root.ts";
 import { type LocalRepo, localDebianRepo, type RepoServer, serveRepo } from "../debian-mirror.ts";
 import { bootNode, type NodeOptions, type NspawnNode } from "../nspawn-node.ts";
+import { bootVm, type VmNode } from "../vm-node.ts";
+import { vmImage } from "../vm-image.ts";
 import { distroPackagesFor, PACKAGE_ROLES } from "../../../bundles/os-families.ts";
 import { isNotFound } from "../../../lib/kube/errors.ts";
 import { CONTROL_PLANE_HOST, type E2eCluster, startE2eCluster } from "./cluster.ts";
@@ -58,6 +60,9 @@ export function worldSkip(): string | false {
       : false;
 }
 
+/** What the operator's steps need of a machine: an nspawn machine or a VM (scripts/lib/vm-node.ts). */
+export type Machine = Pick<NspawnNode & VmNode, "name" | "hostAddress" | "mustExec" | "writeFile" | "spawn">;
+
 export interface World {
   work: string;
   dist: string;
@@ -72,6 +77,11 @@ export interface World {
   cluster: E2eCluster;
   /** A fresh machine, prepared as its operator has it (names resolve), not yet a node. */
   machine(name: string): Promise<NspawnNode>;
+  /**
+   * The same as a QEMU VM (a kernel of its own; software-emulated here, so minutes where a
+   * container takes seconds): the VM image is as bare as the machine's root (VM_PACKAGES).
+   */
+  vm(name: string, o?: { memoryMiB?: number }): Promise<VmNode>;
   stop(): Promise<void>;
 }
 
@@ -85,7 +95,7 @@ export async function startWorld(
 ): Promise<World> {
   const say = o.log ?? (() => undefined);
   const work = await mkdtemp(path.join(process.env.BASHIBLE_E2E_WORK ?? os.tmpdir(), "bashible-e2e-"));
-  const nodes: NspawnNode[] = [];
+  const nodes: (NspawnNode | VmNode)[] = [];
   const mirrorServers = new Map<string, RepoServer>();
   let cluster: E2eCluster | undefined;
   let failed = false;
@@ -134,6 +144,19 @@ export async function startWorld(
         await prepareMachine(node, server.sourcesLine);
         return node;
       },
+      async vm(name, vo = {}) {
+        const vm = await bootVm({
+          image: await vmImage({ log: say }),
+          name,
+          parentDir: work,
+          memoryMiB: vo.memoryMiB ?? 2048,
+        });
+        nodes.push(vm);
+        const server = await serveRepo(mirror.dir, vm.hostAddress);
+        mirrorServers.set(name, server);
+        await prepareMachine(vm, server.sourcesLine);
+        return vm;
+      },
       stop,
     };
   } catch (err) {
@@ -150,7 +173,7 @@ export async function startWorld(
  * node cannot reach, 10 s), the control plane's name resolves to this node's host, and its apt
  * source is its distribution's mirror (here the local one: the only mirror it can reach).
  */
-export async function prepareMachine(node: NspawnNode, sourcesLine: string): Promise<void> {
+export async function prepareMachine(node: Machine, sourcesLine: string): Promise<void> {
   await node.mustExec([
     "sh",
     "-c",
@@ -182,7 +205,7 @@ export interface ScriptRun {
  * recording each output line with its time.
  */
 export async function runScript(
-  node: NspawnNode,
+  node: Machine,
   name: string,
   content: string,
   args: string[] = [],
@@ -248,7 +271,7 @@ export interface Join {
  */
 export async function joinMachine(
   cluster: E2eCluster,
-  machine: NspawnNode,
+  machine: Machine,
   script: string,
   o: { readyTimeoutMs?: number; onLine?: (l: Line) => void } = {},
 ): Promise<Join> {
