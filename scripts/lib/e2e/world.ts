@@ -275,10 +275,11 @@ export async function joinMachine(
   script: string,
   o: { readyTimeoutMs?: number; onLine?: (l: Line) => void } = {},
 ): Promise<Join> {
+  const readyTimeoutMs = o.readyTimeoutMs ?? 300_000;
   let startedAt = Date.now();
   let stop = false;
   const ready = (async () => {
-    const deadline = Date.now() + (o.readyTimeoutMs ?? 300_000);
+    const deadline = Date.now() + readyTimeoutMs;
     for (;;) {
       const n = await getNode(cluster, machine.name).catch(() => undefined);
       if (n && isReady(n)) return { node: n, at: Date.now() };
@@ -286,7 +287,9 @@ export async function joinMachine(
       await new Promise((r) => setTimeout(r, 200));
     }
   })();
+  // bootstrap.sh may take as long as the Node may take to turn Ready (runScript's default is 15 minutes).
   const run = await runScript(machine, "bootstrap.sh", script, [], {
+    timeoutMs: Math.max(15 * 60_000, readyTimeoutMs),
     ...(o.onLine ? { onLine: o.onLine } : {}),
   });
   startedAt = run.startedAt;
