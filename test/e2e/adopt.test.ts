@@ -183,12 +183,18 @@ systemctl start kubelet.service`);
     let adoptedChecksum = "";
     await t.test("adopt --yes takes the node over; the pod keeps its container", async (t) => {
       const kubeletBefore = await kubeletPid();
+      const containerdBefore = await prop(UNITS.containerd, "MainPID");
       const started = Date.now();
       const adopted = await adopt(["--yes"]);
       t.comment(`adopt --yes: ${((Date.now() - started) / 1000).toFixed(1)} s`);
       outputs["adopt --yes"] = adopted.stdout + adopted.stderr;
       t.equal(adopted.exitCode, 0, adopted.stderr.slice(-4000));
       t.not(await kubeletPid(), kubeletBefore, "the kubelet restarted (its drop-in removed)");
+      t.equal(
+        await prop(UNITS.containerd, "MainPID"),
+        containerdBefore,
+        "containerd did not restart (its configuration is Deckhouse's)",
+      );
       t.match(adopted.stdout, `adopted: ${DECKHOUSE.timer} stopped and disabled`);
       t.equal((await machine.exec(["systemctl", "is-enabled", DECKHOUSE.timer])).stdout.trim(), "disabled");
       t.match(await prop(DECKHOUSE.service, "ExecStart"), `${agent} run`, "this agent's daemon is bashible.service");
