@@ -6,8 +6,8 @@
 # machines lane (the end-to-end scenarios and the VM files, minutes each, mostly waiting for
 # machines to boot, install and join) beside every other file. Two machine files never run at
 # once (each takes both cores in bursts); the other files run beside one of them as they run on
-# any busy machine. Serially the suites take ~47 minutes of the 2-core machine's CI run; the
-# longer lane takes ~25. Every line says its lane (`machines |`, `suites |`); each lane ends with
+# any busy machine. Serially the suites took 47 minutes of the 2-core machine's CI run; the
+# longer lane ~27. Every line says its lane (`machines |`, `suites |`); each lane ends with
 # tap's own summary, and the last line says how each lane ended.
 set -euo pipefail
 cd "$(dirname "$0")/.."
