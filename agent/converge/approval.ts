@@ -6,11 +6,37 @@
 import type { Logger } from "../../lib/log/log.ts";
 import type { KubeClient } from "../../lib/kube/client.ts";
 import { patchNode, type KubeObject } from "../../lib/kube/api.ts";
+import { KubeError } from "../../lib/kube/errors.ts";
 import { Informer } from "../../lib/informer.ts";
+import { sleep } from "../../lib/sleep.ts";
 
 export interface WaitOptions {
   timeoutMs: number;
   signal?: AbortSignal;
+}
+
+/**
+ * How long the first read of the Node is retried while the API is out of reach (nothing listens,
+ * the connection breaks or times out). The run itself can be why: adoption moves Deckhouse's API
+ * proxy pod aside and the run's 000 step starts this agent's proxy a moment before the approval
+ * is asked, through that very address. A status (403, 404…) or a TLS failure is an answer, and
+ * fails at once.
+ */
+export const UNREACHABLE_RETRY_MS = 60_000;
+
+/** informer.start(), its first list retried on transport errors for UNREACHABLE_RETRY_MS (and within the wait). */
+async function startWhenReachable(informer: Informer<KubeObject>, log: Logger, o: WaitOptions): Promise<void> {
+  const deadline = Date.now() + Math.min(UNREACHABLE_RETRY_MS, o.timeoutMs);
+  for (let delay = 250; ; delay = Math.min(delay * 2, 5000)) {
+    try {
+      return await informer.start();
+    } catch (err) {
+      const transport = err instanceof KubeError && err.kind !== "status" && err.kind !== "tls";
+      if (!transport || o.signal?.aborted || Date.now() + delay > deadline) throw err;
+      log.warn({ err: (err as Error).message, retryInMs: delay }, "the API is out of reach; reading the Node again");
+      await sleep(delay, o.signal);
+    }
+  }
 }
 
 /**
@@ -39,7 +65,7 @@ export async function announceAndWait(
       if (node && granted(node)) resolveGranted(true);
     },
   });
-  await informer.start();
+  await startWhenReachable(informer, log, o);
   try {
     const node = informer.objects.get(nodeName);
     if (!node) throw new Error(`Node ${nodeName} not found; cannot ask for approval`);
