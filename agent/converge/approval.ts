@@ -6,6 +6,7 @@
 import type { Logger } from "../../lib/log/log.ts";
 import type { KubeClient } from "../../lib/kube/client.ts";
 import { patchNode, type KubeObject } from "../../lib/kube/api.ts";
+import { Backoff } from "../../lib/backoff.ts";
 import { KubeError } from "../../lib/kube/errors.ts";
 import { Informer } from "../../lib/informer.ts";
 import { sleep } from "../../lib/sleep.ts";
@@ -22,16 +23,18 @@ export interface WaitOptions {
  * is asked, through that very address. A status (403, 404…) or a TLS failure is an answer, and
  * fails at once.
  */
-export const UNREACHABLE_RETRY_MS = 60_000;
+const UNREACHABLE_RETRY_MS = 60_000;
 
 /** informer.start(), its first list retried on transport errors for UNREACHABLE_RETRY_MS (and within the wait). */
 async function startWhenReachable(informer: Informer<KubeObject>, log: Logger, o: WaitOptions): Promise<void> {
   const deadline = Date.now() + Math.min(UNREACHABLE_RETRY_MS, o.timeoutMs);
-  for (let delay = 250; ; delay = Math.min(delay * 2, 5000)) {
+  const backoff = new Backoff({ baseMs: 250, maxMs: 5000 });
+  for (;;) {
     try {
       return await informer.start();
     } catch (err) {
       const transport = err instanceof KubeError && err.kind !== "status" && err.kind !== "tls";
+      const delay = backoff.next();
       if (!transport || o.signal?.aborted || Date.now() + delay > deadline) throw err;
       log.warn({ err: (err as Error).message, retryInMs: delay }, "the API is out of reach; reading the Node again");
       await sleep(delay, o.signal);

@@ -86,14 +86,10 @@ t.test(
     outputs["bootstrap.sh"] = join.run.output;
     t.equal(join.run.exitCode, 0, "the machine joined");
     t.ok(isReady(join.node), "its Node is Ready");
-    const nodeUid = (join.node as { metadata: { uid?: string } } | undefined)?.metadata.uid;
+    const nodeUid = join.node?.metadata.uid;
     t.match(nodeUid, /^[0-9a-f-]{36}$/, "the Node object's uid, kept to compare");
     const sameNode = async (t: Test, when: string) =>
-      t.equal(
-        ((await getNode(cluster, name)) as { metadata: { uid?: string } } | undefined)?.metadata.uid,
-        nodeUid,
-        `${when}: the same Node object`,
-      );
+      t.equal((await getNode(cluster, name))?.metadata.uid, nodeUid, `${when}: the same Node object`);
     // The kubelet's process itself: systemd may not know a main PID for Deckhouse's forking unit.
     const kubeletPid = async () => Number((await sh("pgrep -o -x kubelet")).trim());
     for (const [i, img] of Object.values(world.images).entries()) {
@@ -102,20 +98,16 @@ t.test(
     }
 
     await t.test("laid out as Deckhouse leaves a worker, its kubelet runs the API proxy pod", async (t) => {
-      await sh(`systemctl stop ${UNITS.agent} ${UNITS.agentRestart} ${UNITS.apiProxy} kubelet.service
-systemctl disable ${UNITS.agent} ${UNITS.apiProxy} kubelet.service
-rm -f /etc/systemd/system/${UNITS.agent} /etc/systemd/system/${UNITS.agentRestart} /etc/systemd/system/${UNITS.apiProxy} /etc/systemd/system/kubelet.service
+      await sh(`systemctl stop ${UNITS.agent} ${UNITS.agentRestart} ${UNITS.apiProxy} ${UNITS.kubelet}
+systemctl disable ${UNITS.agent} ${UNITS.apiProxy} ${UNITS.kubelet}
+cd ${PATHS.unitDir} && rm -f ${UNITS.agent} ${UNITS.agentRestart} ${UNITS.apiProxy} ${UNITS.kubelet}
 find ${PATHS.stateDir} -mindepth 1 -maxdepth 1 ! -name discovered-node-ip -exec rm -rf {} +`);
       const ip = (await sh(`cat ${PATHS.discoveredNodeIP}`)).trim();
       await layDeckhouseWorker(`/proc/${machine.pid}/root`, { group: GROUP, nodeIp: ip, overJoinedNode: true });
       await sh(`systemctl daemon-reload
 systemctl enable --now ${DECKHOUSE.timer} sysctl-tuner.timer
-systemctl start kubelet.service`);
-      t.match(
-        await prop("kubelet.service", "ExecStart"),
-        "d8-kubelet-forker",
-        "the kubelet runs from Deckhouse's drop-in",
-      );
+systemctl start ${UNITS.kubelet}`);
+      t.match(await prop(UNITS.kubelet, "ExecStart"), "d8-kubelet-forker", "the kubelet runs from Deckhouse's drop-in");
       const proxy = await until(
         "the API proxy's static pod to run",
         () => running("kube-system", PROXY_POD(name)),
@@ -201,7 +193,7 @@ systemctl start kubelet.service`);
       t.equal((await machine.exec(["systemctl", "is-enabled", DECKHOUSE.timer])).stdout.trim(), "disabled");
       t.match(await prop(DECKHOUSE.service, "ExecStart"), `${agent} run`, "this agent's daemon is bashible.service");
       t.notMatch(
-        await prop("kubelet.service", "ExecStart"),
+        await prop(UNITS.kubelet, "ExecStart"),
         "d8-kubelet-forker",
         "the kubelet runs from this agent's unit",
       );

@@ -127,6 +127,14 @@ export async function startWorld(
     cluster = await startE2eCluster({ dir: work, dist, packages, log: say, ...o.cluster });
     lap("cluster side up");
     const c = cluster;
+    /** Keeps `node` for stop(), serves it its mirror on its host address and prepares it. */
+    const prepared = async <M extends NspawnNode | VmNode>(node: M): Promise<M> => {
+      nodes.push(node);
+      const server = await serveRepo(mirror.dir, node.hostAddress);
+      mirrorServers.set(node.name, server);
+      await prepareMachine(node, server.sourcesLine);
+      return node;
+    };
     return {
       work,
       dist,
@@ -137,25 +145,11 @@ export async function startWorld(
       mirrorServers,
       cluster: c,
       async machine(name) {
-        const node = await bootNode({ ...E2E_NODE_OPTIONS, root, name, parentDir: work });
-        nodes.push(node);
-        const server = await serveRepo(mirror.dir, node.hostAddress);
-        mirrorServers.set(name, server);
-        await prepareMachine(node, server.sourcesLine);
-        return node;
+        return prepared(await bootNode({ ...E2E_NODE_OPTIONS, root, name, parentDir: work }));
       },
       async vm(name, vo = {}) {
-        const vm = await bootVm({
-          image: await vmImage({ log: say }),
-          name,
-          parentDir: work,
-          memoryMiB: vo.memoryMiB ?? 2048,
-        });
-        nodes.push(vm);
-        const server = await serveRepo(mirror.dir, vm.hostAddress);
-        mirrorServers.set(name, server);
-        await prepareMachine(vm, server.sourcesLine);
-        return vm;
+        const image = await vmImage({ log: say });
+        return prepared(await bootVm({ image, name, parentDir: work, memoryMiB: vo.memoryMiB ?? 2048 }));
       },
       stop,
     };
@@ -241,7 +235,7 @@ export async function runScript(
 }
 
 export interface KubeNode {
-  metadata: { name: string; labels?: Record<string, string>; annotations?: Record<string, string> };
+  metadata: { name: string; uid?: string; labels?: Record<string, string>; annotations?: Record<string, string> };
   spec?: { taints?: { key: string; effect: string }[]; unschedulable?: boolean };
   status?: { conditions?: { type: string; status: string }[]; capacity?: Record<string, string> };
 }
