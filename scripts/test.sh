@@ -34,6 +34,12 @@ if ((${#all[@]} != ${#machines[@]} + ${#suites[@]})); then
   exit 1
 fi
 
+# tap builds its runner with the configured plugins (node_modules/@tapjs/test/test-built) when
+# that build is missing or stale, as after `npm ci`; two taps starting at once would both rebuild
+# it and one would load it half-written ("Cannot find module .../test-built/..."). Build it once
+# first (~8 s).
+tap build >/dev/null
+
 lane() {
   local name=$1
   shift
