@@ -45,9 +45,13 @@ esac
 exec "$here/bashible.d/node" ${RUNTIME_FLAGS.join(" ")} "$here/bashible.d/app/main.mjs" "$@"
 `;
 
-/** Bundles the agent into dir (ESM, code-split so each command loads only its own code). */
-export async function bundleAgent(outdir: string): Promise<void> {
+/**
+ * Bundles the agent into dir (ESM, code-split so each command loads only its own code); `version`
+ * stamps what `bashible version` says (default: package.json's).
+ */
+export async function bundleAgent(outdir: string, version?: string): Promise<void> {
   await build({
+    ...(version ? { define: { __BASHIBLE_VERSION__: JSON.stringify(version) } } : {}),
     entryPoints: { main: path.join(REPO, "agent/main.ts") },
     outdir,
     bundle: true,
@@ -73,12 +77,16 @@ export function nodeBinary(): string {
   return path.join(REPO, "node_modules/node/bin/node");
 }
 
-/** Builds the launcher, runtime and bundle into dist (default: <repo>/dist). */
-export async function buildDist(dist = path.join(REPO, "dist")): Promise<void> {
+/**
+ * Builds the launcher, runtime and bundle into dist (default: <repo>/dist). `version` stamps a
+ * release's own version (a second agent release for a test, a patched build) instead of
+ * package.json's.
+ */
+export async function buildDist(dist = path.join(REPO, "dist"), opts: { version?: string } = {}): Promise<void> {
   const SHARE = path.join(dist, "bashible.d");
   await rm(dist, { recursive: true, force: true });
   await mkdir(path.join(SHARE, "app"), { recursive: true });
-  await bundleAgent(path.join(SHARE, "app"));
+  await bundleAgent(path.join(SHARE, "app"), opts.version);
   const runtime = path.join(SHARE, "node");
   await copyFile(nodeBinary(), runtime);
   try {
@@ -110,6 +118,15 @@ async function bundleSize(dir: string): Promise<number> {
 }
 
 if (import.meta.main) {
-  const i = process.argv.indexOf("--out");
-  await buildDist(i > 0 ? path.resolve(process.argv[i + 1] ?? "dist") : undefined);
+  const flag = (name: string) => {
+    const i = process.argv.indexOf(name);
+    return i > 0 ? process.argv[i + 1] : undefined;
+  };
+  const version = flag("--version");
+  if (version !== undefined && !/^[0-9A-Za-z][0-9A-Za-z.+_-]{0,127}$/.test(version)) {
+    console.error(`build: --version '${version}' is not a version (letters, digits, . + _ -; e.g. 0.1.1)`);
+    process.exit(2);
+  }
+  const out = flag("--out");
+  await buildDist(out ? path.resolve(out) : undefined, version ? { version } : {});
 }

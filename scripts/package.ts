@@ -300,12 +300,13 @@ async function crictl(log: (s: string) => void): Promise<PackageSource | undefin
   };
 }
 
-async function agent(dist: string): Promise<PackageSource> {
+/** `stamped`: the version the dist was built with (buildDist's opts.version); default package.json's. */
+async function agent(dist: string, stamped?: string): Promise<PackageSource> {
   if (!existsSync(path.join(dist, "bashible"))) {
     const { buildDist } = await import("./build.ts");
-    await buildDist(dist);
+    await buildDist(dist, stamped ? { version: stamped } : {});
   }
-  const version = JSON.parse(await readFile(path.join(REPO, "package.json"), "utf8")).version as string;
+  const version = stamped ?? (JSON.parse(await readFile(path.join(REPO, "package.json"), "utf8")).version as string);
   return {
     name: "bashible",
     version,
@@ -316,6 +317,14 @@ async function agent(dist: string): Promise<PackageSource> {
       { dest: `${BIN}/bashible`, content: '#!/bin/sh\nexec /opt/deckhouse/lib/bashible/bashible "$@"\n', mode: 0o755 },
     ],
   };
+}
+
+/**
+ * Another release of the agent as a registry package: `dist` built with `version` stamped
+ * (buildDist's opts.version), so the package and `bashible version` agree.
+ */
+export async function agentPackage(dist: string, out: string, version: string): Promise<BuiltPackage> {
+  return writePackage(await agent(dist, version), out);
 }
 
 export const PACKAGE_NAMES = ["bashible", "containerd", "runc", "kubelet", "cni-plugins", "crictl"] as const;

@@ -7,6 +7,7 @@ import { UsageError, type OptionSpec, type ParsedValues } from "../../lib/cli.ts
 import type { KubeClient } from "../../lib/kube/client.ts";
 import type { Logger } from "../../lib/log/log.ts";
 import { processMetrics, Registry } from "../../lib/prometheus.ts";
+import { VERSION } from "../../lib/version.ts";
 import type { EarlyOom, EarlyOomConfig } from "../early-oom/early-oom.ts";
 import type { SecureMetricsOptions } from "../metrics-secure.ts";
 
@@ -65,6 +66,8 @@ export async function startResidentJobs(o: {
 
   const registry = new Registry();
   registry.collect(processMetrics);
+  // Which release runs, as scraped: a fleet's self-update shows as the version moving node by node.
+  registry.gauge("bashible_agent_info", "1, labelled with the running agent's version").set({ version: VERSION }, 1);
   let earlyOom: EarlyOom | undefined;
   // The node's own settings (flags and file), which the node group's refine.
   const base = { ...settings, ...(mode === "dry-run" ? { dryRun: true } : {}) };

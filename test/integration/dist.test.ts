@@ -5,7 +5,8 @@ import { spawnSync } from "node:child_process";
 import { mkdtemp, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
-import { buildDist } from "../../scripts/build.ts";
+import { buildDist, bundleAgent, nodeBinary } from "../../scripts/build.ts";
+import pkg from "../../package.json" with { type: "json" };
 
 const dist = await mkdtemp(path.join(os.tmpdir(), "bashible-dist-"));
 t.teardown(() => rm(dist, { recursive: true, force: true }));
@@ -20,6 +21,25 @@ t.test("runs with an empty PATH on its own Node 24 runtime", async (t) => {
   t.equal(r.status, 0, r.stderr);
   const info = JSON.parse(r.stdout);
   t.match(info.node, /^v24\./);
+  t.equal(info.version, pkg.version, "an unstamped build says package.json's version");
+});
+
+t.test("a build stamped with its own version says it", async (t) => {
+  const app = await mkdtemp(path.join(os.tmpdir(), "bashible-stamped-"));
+  t.teardown(() => rm(app, { recursive: true, force: true }));
+  await bundleAgent(app, "9.9.9-stamped.1");
+  const r = spawnSync(nodeBinary(), [path.join(app, "main.mjs"), "version", "--json"], { encoding: "utf8" });
+  t.equal(r.status, 0, r.stderr);
+  t.equal(JSON.parse(r.stdout).version, "9.9.9-stamped.1");
+  const bad = spawnSync(
+    nodeBinary(),
+    [path.resolve(import.meta.dirname, "../../scripts/build.ts"), "--version", "1.0 rc"],
+    {
+      encoding: "utf8",
+    },
+  );
+  t.equal(bad.status, 2, "a version with a space is refused before anything is built");
+  t.match(bad.stderr, /--version '1\.0 rc' is not a version/);
 });
 
 t.test("--help lists the commands and every command has --help", async (t) => {

@@ -18,6 +18,7 @@ import type { KubeObject } from "../../lib/kube/api.ts";
 import { list } from "../../lib/kube/api.ts";
 import { KubeStatusError } from "../../lib/kube/errors.ts";
 import type { EarlyOom } from "../../agent/early-oom/early-oom.ts";
+import { VERSION } from "../../lib/version.ts";
 import { METRICS_SOCKET } from "../../agent/metrics-server.ts";
 
 interface EventObject extends KubeObject {
@@ -256,6 +257,7 @@ t.test("sustained pressure: the kubelet's first pick is killed whole, with an Ev
   t.match(metrics, /bashible_early_oom_cooldown 1/);
   t.match(metrics, /bashible_early_oom_kill_duration_seconds_count 1/);
   t.match(metrics, /process_resident_memory_bytes \d+/);
+  t.match(metrics, `bashible_agent_info{version="${VERSION}"} 1`, "the running agent's version");
   const s = await agentStatus();
   t.equal(s?.trigger.phase, "cooldown");
   t.equal(s?.lastAction?.pod, "default/web");
