@@ -18,6 +18,7 @@ await requireRoot("the agent sets root ownership on what it writes");
 const KILLS = Number(process.env.BASHIBLE_CRASH_KILLS ?? 100);
 
 const pkiDir = await mkdtemp(path.join(os.tmpdir(), "crash-pki-"));
+t.teardown(() => rm(pkiDir, { recursive: true, force: true }));
 const caA = await readFile((await createCA(pkiDir, "a", "crash-a")).cert, "utf8");
 const caB = await readFile((await createCA(pkiDir, "b", "crash-b")).cert, "utf8");
 // A second, constant CA: with two or more certificates the generated bundle file is never

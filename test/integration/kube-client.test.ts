@@ -16,7 +16,7 @@ import {
 import * as api from "../../lib/kube/api.ts";
 import { freePort } from "../../scripts/lib/control-plane.ts";
 import { createCA } from "../../scripts/lib/pki.ts";
-import { mkdtemp, writeFile, readFile } from "node:fs/promises";
+import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 
@@ -306,6 +306,7 @@ t.test("error classes", async (t) => {
 
   t.test("a server certificate from another CA is a TLS error", async (t) => {
     const dir = await mkdtemp(path.join(os.tmpdir(), "bb-ca-"));
+    t.teardown(() => rm(dir, { recursive: true, force: true }));
     const other = await createCA(dir, "other");
     const c = new KubeClient({ ...(await loadKubeconfig(cp.adminKubeconfig)), ca: await readFile(other.cert) });
     t.teardown(() => c.close());
@@ -317,6 +318,7 @@ t.test("error classes", async (t) => {
 t.test("kubeconfig: the kubelet.conf shape (one PEM for cert and key) loads; insecure ones are refused", async (t) => {
   const id = await cp.mintNode("worker-1");
   const root = await mkdtemp(path.join(os.tmpdir(), "bb-root-"));
+  t.teardown(() => rm(root, { recursive: true, force: true }));
   const pem = `${await readFile(id.cert, "utf8")}${await readFile(id.key, "utf8")}`;
   const { mkdir } = await import("node:fs/promises");
   await mkdir(path.join(root, "var/lib/kubelet/pki"), { recursive: true });

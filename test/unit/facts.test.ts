@@ -1,5 +1,5 @@
 import t from "tap";
-import { mkdtemp, mkdir, writeFile } from "node:fs/promises";
+import { mkdtemp, mkdir, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { familyOf, parseOsRelease, UnknownOsError } from "../../bundles/os-families.ts";
@@ -22,6 +22,7 @@ t.test("os-release parsing handles quotes, comments and escapes", async (t) => {
 
 async function tree(files: Record<string, string>): Promise<string> {
   const root = await mkdtemp(path.join(os.tmpdir(), "facts-"));
+  t.teardown(() => rm(root, { recursive: true, force: true }));
   for (const [p, content] of Object.entries(files)) {
     await mkdir(path.dirname(path.join(root, p)), { recursive: true });
     await writeFile(path.join(root, p), content);
