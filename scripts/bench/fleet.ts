@@ -6,19 +6,23 @@
 // 1. rollout: a disruptive NodeGroupConfiguration change under Automatic + drainBeforeApproval,
 //    maxConcurrent 1: total (change → every node settled at the new checksum) and per node
 //    (approved → settled), from a watch of the Nodes;
-// 2. outage: kube-apiserver stopped for --outage-seconds (default: the controller's threshold +
+// 2. self-update: the agent's next release (this checkout stamped `<version>-next`) published in
+//    the registry and the cluster's context: publish → every node's resident agent says the new
+//    version, the longest time each watchdog was armed without a pet, NodeFenced events (goal 0);
+// 3. outage: kube-apiserver stopped for --outage-seconds (default: the controller's threshold +
 //    15 s, so the fencing controller's own view of Lease ages is tested too), then started:
 //    false fences (agents that stopped petting, watchdog gaps >= 60 s, NodeFenced events, pods
 //    freed), goal 0;
-// 3. partition: one node's veth down: cut-off → last pet → pods deleted → replacements Ready
+// 4. partition: one node's veth down: cut-off → last pet → pods deleted → replacements Ready
 //    (goal: within the controller's threshold + 30 s);
-// 4. rss: every process of bashible.service on each node after all of it, beside a bare Node 24
+// 5. rss: every process of bashible.service on each node after all of it, beside a bare Node 24
 //    (the agent's own runtime) started on the first node.
 import os from "node:os";
 import { parseArgs } from "node:util";
 import { EVENTS, NODE_KEYS } from "../../bundles/names.ts";
 import { nodeGroup } from "../lib/e2e/cluster.ts";
 import {
+  agentMetrics,
   AUTOMATIC_WITH_DRAIN,
   disruptiveConfiguration,
   fencingStatus,
@@ -31,6 +35,7 @@ import {
   isReady,
   joinFleet,
   newChecksum,
+  nextAgentRelease,
   nodeEvents,
   nodeRecorder,
   ONE_AT_A_TIME,
@@ -115,7 +120,41 @@ try {
     `  per node median ${s1(median(per.map((p) => p.done - p.approved)))}; fewest Ready pods during it ${minReady} (budget 2)`,
   );
 
-  // ---------- 2. outage
+  // ---------- 2. self-update
+  const running = await Promise.all(fleet.map(agentMetrics));
+  const nextVersion = `${running[0]?.version}-next`;
+  const next = await nextAgentRelease(w, nextVersion);
+  const suFencedBefore = (await Promise.all(names.map((n) => events(n, EVENTS.nodeFenced)))).reduce((a, b) => a + b, 0);
+  const suFrom = hrNow();
+  const suStart = Date.now();
+  await cluster.publishAgent(next);
+  const suTarget = await newChecksum(cluster, target);
+  await nodes.waitFor("every node at the release", (ns) => ns.every((n) => settled(n, suTarget)), 900_000);
+  const suAt = await Promise.all(
+    fleet.map(async (f) => {
+      await until(
+        `${f.machine.name}'s agent on ${nextVersion}`,
+        async () => (await agentMetrics(f)).version === nextVersion,
+        120_000,
+        250,
+      );
+      return Date.now() - suStart;
+    }),
+  );
+  const suTo = hrNow();
+  const suFenced = (await Promise.all(names.map((n) => events(n, EVENTS.nodeFenced)))).reduce((a, b) => a + b, 0);
+  console.log(
+    `
+self-update (the agent's next release published; update approval one node at a time): every node runs ${nextVersion} ${s1(Math.max(...suAt))} after the publish; ${EVENTS.nodeFenced} events ${suFenced - suFencedBefore} (goal 0)`,
+  );
+  for (const f of fleet) {
+    const a = f.watchdog.longestArmedGap(suFrom, suTo);
+    console.log(
+      `  ${f.machine.name}: armed without a pet at most ${s1(a.gapMs)} (watchdog 60 s); disarmed ${a.disarms} time(s) (maintenance, the old agent's stop); longest pause between pets ${s1(f.watchdog.longestPetGap(suFrom, suTo))}`,
+    );
+  }
+
+  // ---------- 3. outage
   await pods.waitFor("3 app pods Ready", (ps) => ps.filter(podReady).length === 3, 300_000);
   const podsBefore = new Set(pods.current.map((p) => p.metadata.uid));
   const fencedBefore = (await Promise.all(names.map((n) => events(n, EVENTS.nodeFenced)))).reduce((a, b) => a + b, 0);
@@ -155,7 +194,7 @@ try {
   );
   console.log(`  verdicts seen: ${[...verdicts].map(([n, v]) => `${n} ${[...v].join("/")}`).join("; ")}`);
 
-  // ---------- 3. partition
+  // ---------- 4. partition
   await pods.waitFor("3 app pods Ready", (ps) => ps.filter(podReady).length === 3, 300_000);
   const victim = fleet.find((f) => pods.current.some((p) => p.spec.nodeName === f.machine.name)) as FleetNode;
   const victimPods = new Set(
@@ -200,7 +239,7 @@ try {
   );
   console.log(`  the other nodes' longest pet gaps ${otherGaps.map(s1).join(", ")}`);
 
-  // ---------- 4. rss
+  // ---------- 5. rss
   const first = fleet.find((f) => f !== victim) as FleetNode;
   const bare = first.machine.spawn([
     "/opt/deckhouse/lib/bashible/bashible.d/node",

@@ -6,7 +6,10 @@
 //      while the whole group is Ready, each drained through the Eviction API with the budget
 //      held (seen from watches of the Nodes, the Pods and the Deployment, every state they went
 //      through); then under Manual: nothing moves until the approval annotation, and only the
-//      node that got it;
+//      node that got it; in the middle of the Automatic rollout the agent's next release is
+//      published (a new package in the registry, pinned by the cluster's context): every node
+//      updates itself and restarts into it, fencing never goes a watchdog timeout without a pet,
+//      early OOM samples on in the new process, nothing is fenced;
 //   2. a control-plane outage (kube-apiserver stopped, etcd running) with fencing in Watchdog
 //      mode on every node: no node stops petting, no pod is freed, everything resumes;
 //   3. one node cut off (its veth down): its pets stop, the fencing controller frees its pods,
@@ -19,6 +22,7 @@ import { readFile } from "node:fs/promises";
 import { EVENTS, NODE_KEYS } from "../../bundles/names.ts";
 import { nodeGroup } from "../../scripts/lib/e2e/cluster.ts";
 import {
+  agentMetrics,
   APP,
   AUTOMATIC_WITH_DRAIN,
   checksumOf,
@@ -35,6 +39,7 @@ import {
   isReady,
   joinFleet,
   newChecksum,
+  nextAgentRelease,
   nodeEvents as eventsOf,
   nodeRecorder,
   ONE_AT_A_TIME as UPDATE,
@@ -158,10 +163,27 @@ t.test(
 
     const perNode: Record<string, number> = {};
     await t.test("Automatic with drainBeforeApproval: one node at a time, the budget held", async (t) => {
+      // The agent's next release, published once the rollout is under way (scenario 6): the
+      // nodes update themselves in the middle of it.
+      const running = await Promise.all(fleet.map(agentMetrics));
+      const nextVersion = `${running[0]?.version}-next`;
+      const next = await nextAgentRelease(world, nextVersion);
       const before = await fleetSettled("the fleet settled");
       const startedAt = Date.now();
+      const from = hrNow();
+      const fencedBefore = (await Promise.all(names.map((n) => nodeEvents(n, EVENTS.nodeFenced)))).flat().length;
       await cluster.apply(disruptiveConfiguration("v2"));
-      const target = await newChecksum(cluster, before);
+      const disruptive = await newChecksum(cluster, before);
+      const first = await nodes.waitFor(
+        "the rollout under way: a node approved",
+        (ns) => ns.find((n) => hasAnnotation(n, NODE_KEYS.approved)),
+        180_000,
+      );
+      const digest = await cluster.publishAgent(next);
+      const target = await newChecksum(cluster, disruptive);
+      t.comment(
+        `${nextVersion} (${digest.slice(0, 19)}) published while ${first.metadata.name} was approved; the group's checksum moved on to ${target.slice(0, 12)}`,
+      );
       await nodes.waitFor(
         "every node settled at the new checksum",
         (ns) => ns.every((n) => settled(n, target)),
@@ -227,6 +249,49 @@ t.test(
           .join(", ")}`,
       );
       await pods.waitFor("three app pods Ready again", (ps) => ps.filter(podReady).length === 3, 120_000);
+
+      // The self-update: every node runs the new release now, restarted into it, and early OOM
+      // samples in the new process; fencing never went a watchdog timeout without a pet.
+      const hex = digest.replace(/^sha256:/, "");
+      for (const [i, f] of fleet.entries()) {
+        const name = f.machine.name;
+        const link = (await f.machine.mustExec(["readlink", "/opt/deckhouse/lib/bashible"])).stdout.trim();
+        t.match(link, new RegExp(`bashible-releases/${hex}/`), `${name} links the new release`);
+        const now = await until(
+          `${name}'s agent to serve the new version's metrics`,
+          async () => {
+            const m = await agentMetrics(f);
+            return m.version === nextVersion && m.samples !== undefined && m;
+          },
+          60_000,
+        );
+        t.not(now.pid, running[i]?.pid, `${name}'s agent was restarted (pid ${running[i]?.pid} → ${now.pid})`);
+        t.match(
+          (await f.machine.mustExec(["/opt/deckhouse/bin/bashible", "version"])).stdout,
+          nextVersion,
+          `${name}: bashible version says ${nextVersion}`,
+        );
+        await until(
+          `${name}'s early OOM to go on sampling`,
+          async () => ((await agentMetrics(f)).samples ?? 0) > (now.samples ?? 0),
+          30_000,
+        );
+        t.pass(`${name}: early OOM samples in the new agent`);
+      }
+      await Promise.all(fleet.map((f) => f.watchdog.nextPets(4, 60_000)));
+      const to = hrNow();
+      for (const f of fleet) {
+        // Fencing stands down (magic close) while its node is approved for the update and when
+        // the old agent stops; what a real watchdog counts is the time armed without a pet.
+        const { gapMs, disarms } = f.watchdog.longestArmedGap(from, to);
+        t.ok(
+          gapMs < 60_000,
+          `${f.machine.name}: never armed for a watchdog timeout without a pet through the rollout and its own restart (longest ${(gapMs / 1000).toFixed(1)} s; disarmed ${disarms} time(s), longest pause between pets ${(f.watchdog.longestPetGap(from, to) / 1000).toFixed(1)} s)`,
+        );
+        t.ok(disarms >= 1, `${f.machine.name}: its old agent disarmed cleanly before the restart`);
+      }
+      const fencedAfter = (await Promise.all(names.map((n) => nodeEvents(n, EVENTS.nodeFenced)))).flat().length;
+      t.equal(fencedAfter, fencedBefore, `no ${EVENTS.nodeFenced} event: no false fence`);
     });
 
     await t.test("Manual: nothing moves until the approval annotation, then only that node", async (t) => {

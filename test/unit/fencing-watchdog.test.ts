@@ -1,12 +1,17 @@
 import t from "tap";
-import { mkdir, mkdtemp, readFile, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { readWatchdogInfo, sysfsDirFor, Watchdog } from "../../agent/fencing/watchdog.ts";
 import { setupSoftdog, SOFTDOG } from "../../agent/fencing/softdog.ts";
 import { fakeWatchdog } from "../../scripts/lib/watchdog.ts";
 
-const tmp = () => mkdtemp(path.join(os.tmpdir(), "bashible-wd-"));
+// Removed when the file's tests are done.
+const tmp = async () => {
+  const d = await mkdtemp(path.join(os.tmpdir(), "bashible-wd-"));
+  t.teardown(() => rm(d, { recursive: true, force: true }));
+  return d;
+};
 
 t.test("pets are bytes, disarm is 'V' then close, and a second disarm writes nothing", async (t) => {
   const root = await tmp();
@@ -116,3 +121,29 @@ t.test("softdog: options and boot-time load under the root; modprobe only record
   t.match(second.load, /present/);
   t.equal(fifo.bytes.length, 0, "setting up never opens the device (an open would arm it)");
 });
+
+t.test(
+  "the stand-in counts what a real watchdog counts: time armed without a pet, not pauses after a magic close",
+  async (t) => {
+    const fifo = await fakeWatchdog(await tmp());
+    t.teardown(() => fifo.close());
+    // Pets at 0, 1; a clean stop at 2 ('V'); 40 s disarmed; re-armed at 42; pets on to 50.
+    for (const [b, at] of [
+      ["1", 0],
+      ["1", 1000],
+      ["V", 2000],
+      ["1", 42_000],
+      ["1", 50_000],
+    ] as const)
+      fifo.bytes.push({ b, t: at });
+    t.equal(fifo.longestPetGap(0, 50_000), 41_000, "the pause between two pets spans the disarmed time");
+    t.same(fifo.longestArmedGap(0, 50_000), { gapMs: 8000, disarms: 1 }, "armed: at most 8 s without a pet");
+    t.same(
+      fifo.longestArmedGap(0, 70_000),
+      { gapMs: 20_000, disarms: 1 },
+      "still armed after the last pet: it counts to `to`",
+    );
+    fifo.bytes.push({ b: "V", t: 51_000 });
+    t.same(fifo.longestArmedGap(0, 70_000), { gapMs: 8000, disarms: 2 }, "disarmed at the end: nothing counts");
+  },
+);

@@ -77,6 +77,11 @@ export interface E2eCluster {
   apply(obj: unknown): Promise<void>;
   /** bootstrap.sh from Secret d8-cloud-instance-manager/manual-bootstrap-for-worker, once it exists. */
   bootstrapScript(): Promise<string>;
+  /**
+   * Another agent release for every node: pushed to the registry and pinned in the cluster's
+   * context, as an operator's upgrade of the cluster side does. Returns its manifest digest.
+   */
+  publishAgent(p: BuiltPackage): Promise<string>;
   /** The checksum Secret's value for the group. */
   groupChecksum(): Promise<string | undefined>;
   stop(): Promise<void>;
@@ -257,12 +262,14 @@ export async function startE2eCluster(o: {
       packages,
       agent: { package: "bashible", version: agentVersion },
     };
-    await apply({
-      apiVersion: "v1",
-      kind: "Secret",
-      metadata: { name: CONTEXT_SECRET, namespace: NAMESPACE },
-      stringData: { [CONTEXT_KEY]: JSON.stringify(context) },
-    });
+    const writeContext = () =>
+      apply({
+        apiVersion: "v1",
+        kind: "Secret",
+        metadata: { name: CONTEXT_SECRET, namespace: NAMESPACE },
+        stringData: { [CONTEXT_KEY]: JSON.stringify(context) },
+      });
+    await writeContext();
     const userKey = sshPublicKey("e2e-operator@first");
     await apply(nodeGroup());
     await apply(nodeUser([userKey]));
@@ -357,6 +364,14 @@ export async function startE2eCluster(o: {
           60_000,
           200,
         ),
+      async publishAgent(p) {
+        if (p.name !== "bashible") throw new Error(`publishAgent: ${p.name} is not the agent's package`);
+        const pushed = await registry.pushOciLayout(PACKAGES_REPOSITORY, p.dir);
+        context.packages.bashible = { digest: pushed.digest, repository: PACKAGES_REPOSITORY };
+        context.agent = { package: "bashible", version: p.version };
+        await writeContext();
+        return pushed.digest;
+      },
       async groupChecksum() {
         const s = await getSecret(cp.admin, NAMESPACE, SECRETS.checksums).catch(() => undefined);
         const v = (s?.data as Record<string, string> | undefined)?.[GROUP];

@@ -31,6 +31,8 @@ import type { KubeObject } from "../../../lib/kube/api.ts";
 import type { NspawnNode } from "../nspawn-node.ts";
 import { until } from "../until.ts";
 import { FakeWatchdog } from "../watchdog.ts";
+import { buildDist } from "../../build.ts";
+import { agentPackage, type BuiltPackage } from "../../package.ts";
 import { type E2eCluster, GROUP } from "./cluster.ts";
 import { BUSYBOX_IMAGE } from "./images.ts";
 import { isReady, type Join, joinMachine, type KubeNode, type World } from "./world.ts";
@@ -117,6 +119,35 @@ export async function nodeEvents(
       `/api/v1/events?fieldSelector=${selector}`,
     )
   ).items;
+}
+
+/**
+ * The next release of the agent, as a new version in the registry would be: this checkout built
+ * again with `version` stamped (what `bashible version` and `bashible_agent_info` say), packaged.
+ */
+export async function nextAgentRelease(world: World, version: string): Promise<BuiltPackage> {
+  const dist = path.join(world.work, `dist-${version}`);
+  await buildDist(dist, { version });
+  return agentPackage(dist, path.join(world.work, `packages-${version}`), version);
+}
+
+/** What the machine's resident agent says right now: its version, and its pressure samples so far. */
+export async function agentMetrics(
+  f: FleetNode,
+): Promise<{ version: string | undefined; samples: number | undefined; pid: number }> {
+  const r = await f.machine.mustExec([
+    "sh",
+    "-c",
+    "systemctl show -p MainPID --value bashible.service; curl -sf --max-time 5 http://127.0.0.1:9650/metrics",
+  ]);
+  const [pid = "0", ...rest] = r.stdout.split("\n");
+  const text = rest.join("\n");
+  const samples = /^bashible_early_oom_samples_total (\d+)$/m.exec(text)?.[1];
+  return {
+    pid: Number(pid),
+    version: /^bashible_agent_info\{version="([^"]+)"\} 1$/m.exec(text)?.[1],
+    samples: samples === undefined ? undefined : Number(samples),
+  };
 }
 
 /** The group's checksum, once it is no longer `before` (after a change to what it renders). */
