@@ -27,6 +27,7 @@ import {
   disruptiveConfiguration,
   fencingStatus,
   FLEET_CLUSTER,
+  fencedEvents,
   FLEET_FENCING,
   type FleetNode,
   fleetNames,
@@ -36,7 +37,6 @@ import {
   joinFleet,
   newChecksum,
   nextAgentRelease,
-  nodeEvents,
   nodeRecorder,
   ONE_AT_A_TIME,
   partition,
@@ -73,7 +73,6 @@ try {
   world = await startWorld({ log: (l) => console.log(`  ${l}`), cluster: FLEET_CLUSTER });
   const w = world;
   const { cluster } = w;
-  const events = async (node: string, reason: string) => (await nodeEvents(cluster, node, reason)).length;
   await cluster.apply(nodeGroup({}, { disruptions: AUTOMATIC_WITH_DRAIN, update: ONE_AT_A_TIME }));
   await cluster.apply(disruptiveConfiguration("v1"));
   const joinStart = Date.now();
@@ -124,7 +123,7 @@ try {
   const running = await Promise.all(fleet.map(agentMetrics));
   const nextVersion = `${running[0]?.version}-next`;
   const next = await nextAgentRelease(w, nextVersion);
-  const suFencedBefore = (await Promise.all(names.map((n) => events(n, EVENTS.nodeFenced)))).reduce((a, b) => a + b, 0);
+  const suFencedBefore = await fencedEvents(cluster, names);
   const suFrom = hrNow();
   const suStart = Date.now();
   await cluster.publishAgent(next);
@@ -142,7 +141,7 @@ try {
     }),
   );
   const suTo = hrNow();
-  const suFenced = (await Promise.all(names.map((n) => events(n, EVENTS.nodeFenced)))).reduce((a, b) => a + b, 0);
+  const suFenced = await fencedEvents(cluster, names);
   console.log(
     `
 self-update (the agent's next release published; update approval one node at a time): every node runs ${nextVersion} ${s1(Math.max(...suAt))} after the publish; ${EVENTS.nodeFenced} events ${suFenced - suFencedBefore} (goal 0)`,
@@ -157,7 +156,7 @@ self-update (the agent's next release published; update approval one node at a t
   // ---------- 3. outage
   await pods.waitFor("3 app pods Ready", (ps) => ps.filter(podReady).length === 3, 300_000);
   const podsBefore = new Set(pods.current.map((p) => p.metadata.uid));
-  const fencedBefore = (await Promise.all(names.map((n) => events(n, EVENTS.nodeFenced)))).reduce((a, b) => a + b, 0);
+  const fencedBefore = await fencedEvents(cluster, names);
   const oFrom = hrNow();
   const stoppedAt = Date.now();
   await cluster.cp.stopApiServer();
@@ -184,7 +183,7 @@ self-update (the agent's next release published; update approval one node at a t
   const oTo = hrNow();
   const gaps = fleet.map((f) => f.watchdog.longestPetGap(oFrom, oTo));
   const freed = [...podsBefore].filter((uid) => !pods.current.some((p) => p.metadata.uid === uid)).length;
-  const fencedAfter = (await Promise.all(names.map((n) => events(n, EVENTS.nodeFenced)))).reduce((a, b) => a + b, 0);
+  const fencedAfter = await fencedEvents(cluster, names);
   const falseFences = stoppedPetting.size + gaps.filter((g) => g >= 60_000).length + (fencedAfter - fencedBefore);
   console.log(
     `\noutage: kube-apiserver down ${s1(restartedAt - stoppedAt)} (etcd up), every node Ready ${s1(readyAgain - restartedAt)} after its restart, watched ${s1(watchUntil - restartedAt)} more`,

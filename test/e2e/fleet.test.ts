@@ -23,6 +23,7 @@ import { EVENTS, NODE_KEYS } from "../../bundles/names.ts";
 import { nodeGroup } from "../../scripts/lib/e2e/cluster.ts";
 import {
   agentMetrics,
+  fencedEvents,
   APP,
   AUTOMATIC_WITH_DRAIN,
   checksumOf,
@@ -171,7 +172,7 @@ t.test(
       const before = await fleetSettled("the fleet settled");
       const startedAt = Date.now();
       const from = hrNow();
-      const fencedBefore = (await Promise.all(names.map((n) => nodeEvents(n, EVENTS.nodeFenced)))).flat().length;
+      const fencedBefore = await fencedEvents(cluster, names);
       await cluster.apply(disruptiveConfiguration("v2"));
       const disruptive = await newChecksum(cluster, before);
       const first = await nodes.waitFor(
@@ -293,7 +294,7 @@ t.test(
           `${f.machine.name}: its watchdog was disarmed cleanly (magic close: the stand-down, the old agent's stop), never left to fire`,
         );
       }
-      const fencedAfter = (await Promise.all(names.map((n) => nodeEvents(n, EVENTS.nodeFenced)))).flat().length;
+      const fencedAfter = await fencedEvents(cluster, names);
       t.equal(fencedAfter, fencedBefore, `no ${EVENTS.nodeFenced} event: no false fence`);
     });
 
@@ -372,7 +373,7 @@ t.test(
     await t.test("control-plane outage: no node stops petting, no pod is freed", async (t) => {
       await pods.waitFor("three app pods Ready", (ps) => ps.filter(podReady).length === 3, 120_000);
       const podsBefore = new Set(pods.current.map((p) => p.metadata.uid));
-      const fencedBefore = (await Promise.all(names.map((n) => nodeEvents(n, EVENTS.nodeFenced)))).flat().length;
+      const fencedBefore = await fencedEvents(cluster, names);
       const from = hrNow();
       const stoppedAt = Date.now();
       await cp.stopApiServer();
@@ -437,7 +438,7 @@ t.test(
         podsBefore,
         "the same three pods run: none was freed",
       );
-      const fencedAfter = (await Promise.all(names.map((n) => nodeEvents(n, EVENTS.nodeFenced)))).flat().length;
+      const fencedAfter = await fencedEvents(cluster, names);
       t.equal(fencedAfter, fencedBefore, `no ${EVENTS.nodeFenced} event`);
     });
 

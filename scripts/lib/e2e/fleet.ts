@@ -17,7 +17,7 @@ import { readFile, writeFile } from "node:fs/promises";
 import { promisify } from "node:util";
 import path from "node:path";
 import { pino } from "pino";
-import { NODE_KEYS } from "../../../bundles/names.ts";
+import { EVENTS, NODE_KEYS } from "../../../bundles/names.ts";
 import {
   DEFAULT_AGENT_TIMINGS,
   DEFAULT_WATCHDOG_TIMEOUT_SECONDS,
@@ -119,6 +119,12 @@ export async function nodeEvents(
       `/api/v1/events?fieldSelector=${selector}`,
     )
   ).items;
+}
+
+/** How many NodeFenced Events the nodes have: a false fence shows as this count growing. */
+export async function fencedEvents(cluster: E2eCluster, nodes: string[]): Promise<number> {
+  const each = await Promise.all(nodes.map((n) => nodeEvents(cluster, n, EVENTS.nodeFenced)));
+  return each.reduce((sum, e) => sum + e.length, 0);
 }
 
 /**
