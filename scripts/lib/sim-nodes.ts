@@ -7,6 +7,8 @@ import type { KubeClient } from "../../lib/kube/client.ts";
 import type { KubeObject } from "../../lib/kube/api.ts";
 import { Informer } from "../../lib/informer.ts";
 import type { Logger } from "../../lib/log/log.ts";
+import { isNotFound } from "../../lib/kube/errors.ts";
+import { sleep } from "../../lib/sleep.ts";
 import { NODE_KEYS } from "../../bundles/names.ts";
 
 const enc = encodeURIComponent;
@@ -107,31 +109,60 @@ export const HOLD_LABEL = "sim.bashible.io/hold-termination";
 
 /**
  * The kubelets' share of pod deletion: a pod with a deletionTimestamp is removed at once
- * (grace 0), unless it carries HOLD_LABEL.
+ * (grace 0), unless it carries HOLD_LABEL. A pod that was terminating already when the informer
+ * listed (its first list, or a re-list after a broken watch) is removed too, and a removal the
+ * API did not take (a timeout on a busy machine) is tried again: a pod left terminating would
+ * hold a drain until its deadline.
  */
 export function startKubeletSim(
   c: KubeClient,
   log: Logger,
 ): { stop(): void; release(ns: string, name: string): Promise<void> } {
-  const finish = (p: KubeObject) =>
-    c
-      .request("DELETE", `/api/v1/namespaces/${enc(p.metadata.namespace ?? "default")}/pods/${enc(p.metadata.name)}`, {
-        body: { apiVersion: "v1", kind: "DeleteOptions", gracePeriodSeconds: 0 },
-      })
-      .catch(() => undefined);
-  const inf = new Informer({
+  const finishing = new Set<string>();
+  let stopped = false;
+  const finish = async (p: KubeObject): Promise<void> => {
+    const ns = p.metadata.namespace ?? "default";
+    const key = `${ns}/${p.metadata.name}`;
+    if (finishing.has(key)) return;
+    finishing.add(key);
+    try {
+      for (let attempt = 0; !stopped; attempt++) {
+        try {
+          await c.request("DELETE", `/api/v1/namespaces/${enc(ns)}/pods/${enc(p.metadata.name)}`, {
+            body: { apiVersion: "v1", kind: "DeleteOptions", gracePeriodSeconds: 0 },
+          });
+          return;
+        } catch (err) {
+          if (isNotFound(err) || attempt >= 50) return;
+          log.warn({ pod: key, err: (err as Error).message }, "kubelet sim: pod removal failed; trying again");
+          await sleep(200);
+        }
+      }
+    } finally {
+      finishing.delete(key);
+    }
+  };
+  const terminating = (p: KubeObject) =>
+    p.metadata.deletionTimestamp !== undefined && p.metadata.labels?.[HOLD_LABEL] === undefined;
+  const inf: Informer<KubeObject> = new Informer({
     client: c,
     path: "/api/v1/pods",
     log,
     onEvent: (ev) => {
-      if (ev.type === "SYNC" || ev.type === "DELETED") return;
-      const p = ev.object;
-      if (p.metadata.deletionTimestamp && p.metadata.labels?.[HOLD_LABEL] === undefined) void finish(p);
+      if (ev.type === "DELETED") return;
+      if (ev.type === "SYNC") {
+        for (const p of inf.objects.values()) if (terminating(p)) void finish(p);
+        return;
+      }
+      if (terminating(ev.object)) void finish(ev.object);
     },
   });
   inf.run();
   return {
-    stop: () => inf.stop(),
+    stop: () => {
+      stopped = true;
+      inf.stop();
+    },
     release: async (ns, name) => {
       await c.request("PATCH", `/api/v1/namespaces/${enc(ns)}/pods/${enc(name)}`, {
         body: { metadata: { labels: { [HOLD_LABEL]: null } } },

@@ -183,6 +183,20 @@ t.test("the Deployment's two replicas, as processes with its arguments and its S
   }
 
   // The update controllers under the ServiceAccount: approve, drain (evict), approve the disruption.
+  // A wait that gives up quotes what the replicas logged last (which one led, what it did).
+  const replicasLog = async () => {
+    const tails = await Promise.all(
+      ["bashible-server-a", "bashible-server-b"].map(async (pod) => {
+        const text = await readFile(path.join(cp.dir, `${pod}.log`), "utf8").catch(() => "");
+        return `--- ${pod}.log (last lines)\n${text.split("\n").slice(-40).join("\n")}`;
+      }),
+    );
+    return tails.join("\n");
+  };
+  const controllersDo = <T>(what: string, probe: () => Promise<T | undefined | false>) =>
+    until(what, probe, 60_000).catch(async (err: Error) => {
+      throw new Error(`${err.message}\n${await replicasLog()}`);
+    });
   const kubelet = startKubeletSim(cp.admin, pino({ level: "silent" }));
   t.teardown(() => kubelet.stop());
   await createNode(cp.admin, "worker-1", "worker");
@@ -190,9 +204,9 @@ t.test("the Deployment's two replicas, as processes with its arguments and its S
   await createPod(cp.admin, "default", "app", "worker-1");
   await annotate(cp.admin, "worker-1", { [K.waitingForApproval]: "" });
   const ann = async () => (await get("/api/v1/nodes/worker-1")).metadata.annotations ?? {};
-  await until("approved", async () => (await ann())[K.approved] !== undefined);
+  await controllersDo("approved", async () => (await ann())[K.approved] !== undefined);
   await annotate(cp.admin, "worker-1", { [K.disruptionRequired]: "" });
-  await until("drained and approved", async () => (await ann())[K.disruptionApproved] !== undefined);
+  await controllersDo("drained and approved", async () => (await ann())[K.disruptionApproved] !== undefined);
   t.equal((await ann())[K.drained], "bashible");
   const pods = await cp.admin.request<{ items: { metadata: { deletionTimestamp?: string } }[] }>(
     "GET",
@@ -200,8 +214,8 @@ t.test("the Deployment's two replicas, as processes with its arguments and its S
   );
   t.same(pods.items, [], "the pod was evicted");
   await annotate(cp.admin, "worker-1", { [K.checksum]: sum });
-  await until("finished", async () => (await ann())[K.approved] === undefined);
-  const ng = await until("NodeGroup status", async () => {
+  await controllersDo("finished", async () => (await ann())[K.approved] === undefined);
+  const ng = await controllersDo("NodeGroup status", async () => {
     const o = await get<{ status?: { upToDate?: number } }>("/apis/deckhouse.io/v1/nodegroups/worker");
     return o.status?.upToDate === 1 ? o : undefined;
   });
