@@ -16,18 +16,20 @@
 // recorded); packages in that record count as installed there, so the tree converges.
 import { asset } from "../lib/assets.ts";
 import {
+  type BundleFamily,
   distroPackagesFor,
   FAMILY_PACKAGE_MANAGERS,
   HELD_ROLES,
   PACKAGE_MANAGERS,
   type DistroPackageManager,
   type PackageManagerFacts,
+  type PackageRole,
   ROLE_UNITS_TO_DISABLE,
   VERSIONLOCK_PLUGIN,
 } from "../bundles/os-families.ts";
 import { PATHS } from "../bundles/paths.ts";
 import type { Host } from "../host/host.ts";
-import { planFile } from "../host/file-plan.ts";
+import { planAbsent, planFile } from "../host/file-plan.ts";
 import { unitState } from "./lib/units.ts";
 import type { Primitive, Step } from "./types.ts";
 
@@ -108,6 +110,17 @@ async function packageState(
   return { installed, held };
 }
 
+/** Debian's policy-rc.d, and the line that marks the one deny-service-starts.sh writes. */
+export const POLICY_RC_D = "/usr/sbin/policy-rc.d";
+export const DENY_STARTS_MARKER = "# bashible: deny-service-starts";
+
+/** The units of roles whose packages this install brings that the step disables afterwards. */
+function unitsToDisable(roles: readonly PackageRole[], missing: readonly string[], family: BundleFamily): string[] {
+  return roles.flatMap((role) =>
+    distroPackagesFor(family, [role]).some((p) => missing.includes(p)) ? [...(ROLE_UNITS_TO_DISABLE[role] ?? [])] : [],
+  );
+}
+
 const step: Step<"DistributionPackages"> = {
   kind: "DistributionPackages",
   async plan(spec, host) {
@@ -124,6 +137,12 @@ const step: Step<"DistributionPackages"> = {
     const missing = wanted.filter((p) => !state.installed.has(p));
     const changes: Primitive[] = [];
     const wrap = (argv: readonly string[]) => ["sh", asset("steps/checks/package-mirror.sh"), m.sources, ...argv];
+    // Debian's maintainer scripts start what they install; the units this step disables are kept
+    // from starting at all (steps/checks/deny-service-starts.sh), so Debian's nginx never takes
+    // the node's port 80, not even for the length of the install.
+    const denied = m.query === "dpkg" ? unitsToDisable(spec.roles, missing, host.os.family) : [];
+    const denyStarts = (argv: readonly string[]) =>
+      denied.length ? ["sh", asset("steps/checks/deny-service-starts.sh"), denied.join(","), ...argv] : [...argv];
     if (missing.length) {
       // The names asked for, before the install (the install appends what it really installed,
       // dependencies included; under a sandbox root this is what counts as installed).
@@ -151,7 +170,7 @@ const step: Step<"DistributionPackages"> = {
             host.path(PATHS.distroPackagesRecord),
             manager,
             m.query,
-            ...wrap([...m.install, ...missing]),
+            ...denyStarts(wrap([...m.install, ...missing])),
           ],
           env: { ...m.env },
           recordInSandbox: true,
@@ -159,6 +178,12 @@ const step: Step<"DistributionPackages"> = {
           summary: `install ${missing.join(" ")} (${manager})`,
         },
       );
+    }
+    if (!missing.length) {
+      // An install that was killed could not remove the policy-rc.d it ran under.
+      const stale = (await host.readText(POLICY_RC_D))?.includes(DENY_STARTS_MARKER);
+      const gone = stale ? await planAbsent(host, POLICY_RC_D) : undefined;
+      if (gone) changes.push({ ...gone, summary: `${gone.summary} (left by an install that did not finish)` });
     }
     const hold = toHold.filter((p) => !state.held.has(p));
     if (hold.length && m.hold) {

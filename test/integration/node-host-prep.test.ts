@@ -11,7 +11,7 @@
 // What a container cannot show (modules, swap itself, vm.*/kernel.* sysctls) is in
 // vm-host-prep.test.ts; here those are the problems the steps report for a container.
 import t from "tap";
-import { cp, mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { cp, mkdir, mkdtemp, rm, symlink, writeFile } from "node:fs/promises";
 import { existsSync } from "node:fs";
 import { randomBytes } from "node:crypto";
 import os from "node:os";
@@ -57,6 +57,17 @@ t.test("a bare Debian machine prepared as Deckhouse prepares it", { skip, timeou
       await cp(dist, path.join(rootfs, PATHS.agentDir), { recursive: true });
       await mkdir(path.join(rootfs, PATHS.binDir), { recursive: true });
       await writeFile(path.join(rootfs, PATHS.agentLauncher), LAUNCHER_CONTENT, { mode: 0o755 });
+      // The node's port 80 belongs to its ingress controller (here a stand-in that answers on
+      // it): the distribution's nginx must never contest it, not even during its install.
+      await writeFile(
+        path.join(rootfs, "etc/systemd/system/ingress-stand-in.service"),
+        `[Service]\nExecStart=${PATHS.agentDir}/bashible.d/node -e "require('node:net').createServer((s) => s.end('ingress')).listen(80)"\n[Install]\nWantedBy=multi-user.target\n`,
+      );
+      await mkdir(path.join(rootfs, "etc/systemd/system/multi-user.target.wants"), { recursive: true });
+      await symlink(
+        "../ingress-stand-in.service",
+        path.join(rootfs, "etc/systemd/system/multi-user.target.wants/ingress-stand-in.service"),
+      );
       // Ubuntu's installer leaves a swap file in fstab (the container does not turn it on).
       await writeFile(
         path.join(rootfs, "etc/fstab"),
@@ -113,7 +124,19 @@ t.test("a bare Debian machine prepared as Deckhouse prepares it", { skip, timeou
   const steps = await hostPrepSteps({ internalNetworkCIDRs: [`${OTHER_NET}.0/24`], fencing: true });
   const bundle = makeBundle([...steps, script("090_uses-node-ip", "bb-d8-node-ip >/root/bb-d8-node-ip\n", 90)]);
   await node.writeFile("/root/bundle.json", JSON.stringify(bundle));
-  const before = { journald: await pid("systemd-journald"), rsyslog: await pid("rsyslog") };
+  const before = {
+    journald: await pid("systemd-journald"),
+    rsyslog: await pid("rsyslog"),
+    ingress: await until("the ingress stand-in to listen on :80", async () => {
+      const p = await pid("ingress-stand-in");
+      return (
+        p !== "0" &&
+        (await node.exec(["sh", "-c", "cat /proc/net/tcp /proc/net/tcp6 | grep -q ':0050 [0-9A-F:]* 0A'"])).exitCode ===
+          0 &&
+        p
+      );
+    }),
+  };
 
   // Exit 3: converged, with problems printed. In a container those are the kernel's: it shares
   // the host's (no modules of its own, most of /proc/sys read-only); nothing else may be one.
@@ -151,6 +174,15 @@ t.test("a bare Debian machine prepared as Deckhouse prepares it", { skip, timeou
       "Debian's nginx.service stopped",
     );
     t.equal((await node.exec(["systemctl", "is-enabled", "nginx"])).stdout.trim(), "disabled", "and disabled");
+    t.equal(
+      // A start that failed (the port taken) leaves inactive too, and the unit failed.
+      (await sh("systemctl show -p InactiveExitTimestampMonotonic --value nginx.service")).trim(),
+      "0",
+      "Debian's nginx was never started, not even during its install",
+    );
+    t.equal(await pid("ingress-stand-in"), before.ingress, "the ingress controller's port 80 was never contested");
+    t.equal(await sh("curl -s --http0.9 http://127.0.0.1/"), "ingress", "and it still answers there");
+    t.equal((await node.exec(["test", "-e", "/usr/sbin/policy-rc.d"])).exitCode, 1, "no policy-rc.d left behind");
     const record = await sh(`cat ${PATHS.distroPackagesRecord}`);
     t.match(record, /^apt nginx-light$/m, "what cleanup removes is recorded");
     t.notMatch(record, /^apt rsyslog$/m, "what the machine had is not");

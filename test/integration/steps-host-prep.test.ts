@@ -4,11 +4,13 @@
 // and vm-host-prep.test.ts (a VM); the hostname-uniqueness check asks a real API server here.
 import t from "tap";
 import { chmod, lstat, mkdir, readFile, readlink, stat, symlink, writeFile } from "node:fs/promises";
+import { existsSync } from "node:fs";
 import path from "node:path";
 import { stepEnv, OS_RELEASE } from "../fixtures/steps.ts";
 import type { BundleStep } from "../../bundles/types.ts";
 import { HOST_PREP, PATHS } from "../../bundles/paths.ts";
-import { PACKAGE_ROLES } from "../../bundles/os-families.ts";
+import { distroPackagesFor, PACKAGE_ROLES } from "../../bundles/os-families.ts";
+import { DENY_STARTS_MARKER, POLICY_RC_D } from "../../steps/distro-packages.ts";
 import { sysctlTuner } from "../../bundles/steps/sysctl-tuner.ts";
 import { withControlPlane } from "../../scripts/lib/control-plane-fixture.ts";
 import { bootstrapConnection } from "../../lib/kube/kubeconfig.ts";
@@ -35,6 +37,8 @@ t.test("packages on Debian: one refresh and one install of what is missing, held
   t.ok(install.includes("nginx-light") && install.includes("libnginx-mod-stream") && install.includes("jq"));
   t.notOk(install.includes("curl"), "installed packages are not installed again");
   t.notOk(install.includes("sudo"));
+  const denyAt = install.findIndex((a) => a.endsWith("steps/checks/deny-service-starts.sh"));
+  t.ok(denyAt > 0 && install[denyAt + 1] === "nginx.service", "Debian's nginx kept from starting during the install");
   t.same(argv[2], ["apt-mark", "hold", "nginx-light", "libnginx-mod-stream"], "nginx held where Deckhouse held it");
   const status = await env.apply(packages);
   t.equal(status.outcome, "changed");
@@ -43,6 +47,36 @@ t.test("packages on Debian: one refresh and one install of what is missing, held
   t.notMatch(record, /^apt curl$/m, "what was there before is not the agent's to remove");
   t.match(await actions(env.root), /apt-get install -y -q --no-install-recommends/);
   t.same((await env.plan(packages)).changes, [], "a second plan is empty (a sandbox counts recorded packages)");
+});
+
+t.test("a policy-rc.d left by a killed install goes; the machine's own stays; no install, no wrapper", async (t) => {
+  const env = await stepEnv(t);
+  await mkdir(path.join(env.root, "var/lib/dpkg"), { recursive: true });
+  const entry = (p: string) => `Package: ${p}\nStatus: install ok installed\nVersion: 1.0\nArchitecture: amd64\n\n`;
+  await writeFile(
+    path.join(env.root, "var/lib/dpkg/status"),
+    distroPackagesFor("debian", [...PACKAGE_ROLES])
+      .map(entry)
+      .join(""),
+  );
+  await mkdir(path.join(env.root, "usr/sbin"), { recursive: true });
+  const policy = path.join(env.root, POLICY_RC_D);
+  await writeFile(policy, `#!/bin/sh\n${DENY_STARTS_MARKER}\nexit 0\n`, { mode: 0o755 });
+  const plan = await env.plan(packages);
+  t.notOk(
+    plan.changes.some((c) => c.kind === "command" && c.argv.some((a) => a.includes("deny-service-starts"))),
+    "nothing to install: nothing wrapped",
+  );
+  t.match(plan.changes, [{ kind: "file", path: POLICY_RC_D, action: "delete" }], "the stale one is planned away");
+  await env.apply(packages);
+  t.notOk(existsSync(policy), "and removed");
+  const own = "#!/bin/sh\n# the operator's: no service starts in this image\nexit 101\n";
+  await writeFile(policy, own, { mode: 0o755 });
+  t.notOk(
+    (await env.plan(packages)).changes.some((c) => c.kind === "file"),
+    "a policy-rc.d without the marker is the machine's",
+  );
+  t.equal(await readFile(policy, "utf8"), own);
 });
 
 t.test("packages on Rocky and ALT: the family's names and manager", async (t) => {
