@@ -32,6 +32,14 @@ import type { NodeDiff, NspawnNode } from "../../scripts/lib/nspawn-node.ts";
 import { GROUP, nodeGroup, nodeUser, NODE_USER, POD_SUBNET, sshPublicKey } from "../../scripts/lib/e2e/cluster.ts";
 import { BUSYBOX_IMAGE } from "../../scripts/lib/e2e/images.ts";
 import {
+  CALM_AFTER_RESTART,
+  e2eContainer,
+  e2ePod,
+  THRASHER_EARLY_OOM,
+  THRASHING,
+  thrasherPod,
+} from "../../scripts/lib/e2e/thrasher.ts";
+import {
   getNode as getNodeOf,
   joinMachine,
   runScript,
@@ -478,24 +486,8 @@ t.test(
             }[];
           };
         };
-        const pod = (ns: string, n: string, spec: Record<string, unknown>) => ({
-          apiVersion: "v1",
-          kind: "Pod",
-          metadata: { name: n, namespace: ns },
-          spec: { nodeName: name, terminationGracePeriodSeconds: 0, ...spec },
-        });
-        const container = (
-          command: string,
-          resources: Record<string, unknown>,
-          more: Record<string, unknown> = {},
-        ) => ({
-          name: "main",
-          image: BUSYBOX_IMAGE,
-          imagePullPolicy: "Never",
-          command: ["/bin/sh", "-c", command],
-          resources,
-          ...more,
-        });
+        const pod = (ns: string, n: string, spec: Record<string, unknown>) => e2ePod(name, ns, n, spec);
+        const container = e2eContainer;
         const pods = [
           pod("default", "eo-calm", {
             containers: [
@@ -513,23 +505,7 @@ t.test(
               }),
             ],
           }),
-          pod("default", "eo-thrasher", {
-            volumes: [{ name: "state", emptyDir: {} }],
-            containers: [
-              container(
-                [
-                  "if [ -e /state/started ]; then echo calm after a restart; exec sleep 3600; fi",
-                  "touch /state/started",
-                  "head -c 167772160 /dev/urandom >/data",
-                  "echo thrashing",
-                  "for i in 1 2 3 4 5 6 7 8; do (while :; do cat /data >/dev/null; done) & done",
-                  "wait",
-                ].join("\n"),
-                { requests: { memory: "1Mi" }, limits: { memory: "64Mi" } },
-                { volumeMounts: [{ name: "state", mountPath: "/state" }] },
-              ),
-            ],
-          }),
+          thrasherPod(name),
         ];
         const at = (p: { metadata: { name: string; namespace: string } }) =>
           `/api/v1/namespaces/${p.metadata.namespace}/pods/${p.metadata.name}`;
@@ -547,7 +523,7 @@ t.test(
         await cluster.apply(thrasher);
         await until(
           "the thrasher to thrash",
-          async () => (await cp.kubectl(["logs", "eo-thrasher"])).includes("thrashing"),
+          async () => (await cp.kubectl(["logs", "eo-thrasher"])).includes(THRASHING),
           120_000,
         );
         const uid = (await get(thrasher)).metadata.uid;
@@ -556,9 +532,7 @@ t.test(
         // thrashing reaches): with the thrasher already running, no earlier trigger can pick
         // another pod for want of it.
         const before = await cluster.groupChecksum();
-        await cluster.apply(
-          nodeGroup({ maxPods: 60 }, { earlyOom: { fullStallPercent: 2, durationMs: 2000, memAvailablePercent: 0 } }),
-        );
+        await cluster.apply(nodeGroup({ maxPods: 60 }, { earlyOom: THRASHER_EARLY_OOM }));
         const earlyOom = () => sh("curl -sS --max-time 5 http://127.0.0.1:9650/early-oom").then((x) => JSON.parse(x));
         await until(
           "the agent to follow the group's early OOM settings",
@@ -609,7 +583,7 @@ t.test(
         t.equal(restarted.restartCount, 1, "it restarted once (restartPolicy Always)");
         t.not(restarted.lastState?.terminated?.reason, "OOMKilled", "the kernel's OOM killer never acted");
         t.equal(restarted.lastState?.terminated?.exitCode, 137, "its processes died of SIGKILL");
-        t.match(await cp.kubectl(["logs", "eo-thrasher"]), "calm after a restart", "and it runs calm");
+        t.match(await cp.kubectl(["logs", "eo-thrasher"]), CALM_AFTER_RESTART, "and it runs calm");
         for (const p of pods.slice(0, 2)) {
           const st = (await get(p)).status.containerStatuses?.[0];
           t.equal(st?.restartCount, 0, `${p.metadata.name} was left alone`);
