@@ -25,7 +25,7 @@
 import { parseArgs } from "node:util";
 import { FakeWatchdog } from "../lib/watchdog.ts";
 import { nodeGroup } from "../lib/e2e/cluster.ts";
-import { getNode, joinMachine, type Line, startWorld } from "../lib/e2e/world.ts";
+import { getNode, importImages, joinMachine, type Line, startWorld } from "../lib/e2e/world.ts";
 import type { NspawnNode } from "../lib/nspawn-node.ts";
 import type { VmNode } from "../lib/vm-node.ts";
 import { NODE_KEYS } from "../../bundles/names.ts";
@@ -239,8 +239,8 @@ try {
     const podPath = (n: string) => `/api/v1/namespaces/default/pods/${n}`;
     const onset: number[] = [];
     const beyond: number[] = [];
-    console.log(`
-oom: ${OOM_RUNS} thrasher pods, one after another, on ${machine.name}`);
+    console.log(`\noom: ${OOM_RUNS} thrasher pods, one after another, on ${machine.name}`);
+    await importImages(world, machine);
     for (let i = 0; i < OOM_RUNS; i++) {
       const name = `eo-thrasher-${i + 1}`;
       await cluster.apply(thrasherPod(machine.name, name));

@@ -41,6 +41,7 @@ import {
 } from "../../scripts/lib/e2e/thrasher.ts";
 import {
   getNode as getNodeOf,
+  importImages,
   joinMachine,
   runScript,
   type ScriptRun,
@@ -252,17 +253,7 @@ t.test(
       "the node runs a pod (bridge CNI from the bundle, images imported into containerd)",
       { skip: !joined && "no join" },
       async (t) => {
-        for (const img of Object.values(world.images)) {
-          await machine.copyIn(img.file, `/tmp/${path.basename(img.file)}`);
-          await machine.mustExec([
-            "/opt/deckhouse/bin/ctr",
-            "-n",
-            "k8s.io",
-            "images",
-            "import",
-            `/tmp/${path.basename(img.file)}`,
-          ]);
-        }
+        await importImages(world, machine);
         await cluster.apply({
           apiVersion: "v1",
           kind: "Pod",

@@ -35,7 +35,7 @@ import { buildDist } from "../../build.ts";
 import { agentPackage, type BuiltPackage } from "../../package.ts";
 import { type E2eCluster, GROUP } from "./cluster.ts";
 import { BUSYBOX_IMAGE } from "./images.ts";
-import { isReady, type Join, joinMachine, type KubeNode, type World } from "./world.ts";
+import { importImages, isReady, type Join, joinMachine, type KubeNode, type World } from "./world.ts";
 
 const execFileP = promisify(execFile);
 
@@ -215,11 +215,7 @@ export async function joinFleet(world: World, names: string[]): Promise<FleetNod
           throw new Error(
             `${name}: bootstrap.sh ${join.run.exitCode === 0 ? "succeeded but the Node never became Ready" : `exited ${join.run.exitCode}`}:\n${join.run.output.slice(-3000)}\n${await aggregatorState(world)}`,
           );
-        for (const img of Object.values(world.images)) {
-          const dest = `/tmp/${path.basename(img.file)}`;
-          await machine.copyIn(img.file, dest);
-          await machine.mustExec(["/opt/deckhouse/bin/ctr", "-n", "k8s.io", "images", "import", dest]);
-        }
+        await importImages(world, machine);
         return { machine, watchdog, join };
       }),
     );

@@ -162,6 +162,18 @@ export async function startWorld(
 }
 
 /**
+ * The world's container images (busybox, pause) imported into a joined machine's containerd, as
+ * a registry mirror would have served them: the e2e pods use `imagePullPolicy: Never`.
+ */
+export async function importImages(world: World, machine: NspawnNode | VmNode): Promise<void> {
+  for (const img of Object.values(world.images)) {
+    const dest = `/tmp/${path.basename(img.file)}`;
+    await machine.copyIn(img.file, dest);
+    await machine.mustExec(["/opt/deckhouse/bin/ctr", "-n", "k8s.io", "images", "import", dest]);
+  }
+}
+
+/**
  * What the machine's operator has set up: its own name resolves (Debian's installer writes
  * 127.0.1.1 <hostname>; without it the kubelet's node address lookup waits for DNS servers this
  * node cannot reach, 10 s), the control plane's name resolves to this node's host, and its apt
