@@ -52,6 +52,9 @@ export interface UpdateView {
 
 export const DEFAULTS = { evictionRetryMs: 20_000, drainTimeoutMs: 300_000, statusIntervalMs: 1000, recheckMs: 30_000 };
 
+/** How many of a Node's latest resourceVersions are remembered (seenRvs). */
+const SEEN_RVS = 16;
+
 interface Pending {
   rv: string;
   since: number;
@@ -72,6 +75,13 @@ export class UpdateController {
   private readonly drains = new Map<string, NodeDrain>();
   /** Node → resourceVersion of this controller's last write, until the cache shows it. */
   private readonly pending = new Map<string, Pending>();
+  /**
+   * The last resourceVersions the watch delivered per Node. A write's response can come after
+   * the watch delivered the write and a later change (a busy machine, a node writing at once):
+   * then the cache holds the later version, and waiting for the write's own would wait for an
+   * event that already went by.
+   */
+  private readonly seenRvs = new Map<string, string[]>();
   private readonly unknownGroups = new Set<string>();
   private running: Promise<void> | undefined;
   private again = false;
@@ -191,6 +201,11 @@ export class UpdateController {
     while (this.running) await this.running;
   }
 
+  /** Nodes whose decisions wait for the watch to show the controller's own write (tests). */
+  get pendingNodes(): string[] {
+    return [...this.pending.keys()];
+  }
+
   get eventsSent(): number {
     return this.events.sent;
   }
@@ -201,9 +216,17 @@ export class UpdateController {
 
   private onNodeEvent(ev: InformerEvent<KubeObject>): void {
     this.o.onNodeEvent?.(ev);
-    if (ev.type === "SYNC") this.pending.clear();
-    else {
+    if (ev.type === "SYNC") {
+      this.pending.clear();
+      this.seenRvs.clear();
+    } else {
       const name = ev.object.metadata.name;
+      if (ev.type === "DELETED") this.seenRvs.delete(name);
+      else {
+        const rv = ev.object.metadata.resourceVersion;
+        const seen = this.seenRvs.get(name) ?? [];
+        if (rv) this.seenRvs.set(name, [...seen.slice(-(SEEN_RVS - 1)), rv]);
+      }
       const p = this.pending.get(name);
       if (p && (ev.type === "DELETED" || ev.object.metadata.resourceVersion === p.rv)) this.pending.delete(name);
       if (ev.type === "DELETED") this.events.forget(name);
@@ -361,7 +384,8 @@ export class UpdateController {
       });
       const rv = res.metadata.resourceVersion;
       // Unless the watch already delivered it, hold decisions on this node until it does.
-      if (rv && this.nodes.objects.get(n.name)?.metadata.resourceVersion !== rv)
+      const cached = this.nodes.objects.get(n.name)?.metadata.resourceVersion;
+      if (rv && cached !== rv && !this.seenRvs.get(n.name)?.includes(rv))
         this.pending.set(n.name, { rv, since: this.now() });
       return true;
     } catch (err) {

@@ -194,7 +194,7 @@ t.test("the Deployment's two replicas, as processes with its arguments and its S
     return tails.join("\n");
   };
   const controllersDo = <T>(what: string, probe: () => Promise<T | undefined | false>) =>
-    until(what, probe, 60_000).catch(async (err: Error) => {
+    until(what, probe).catch(async (err: Error) => {
       throw new Error(`${err.message}\n${await replicasLog()}`);
     });
   const kubelet = startKubeletSim(cp.admin, pino({ level: "silent" }));

@@ -49,10 +49,30 @@ await cp.kubectl(["create", "namespace", NS]);
 const client = new KubeClient(await loadKubeconfig(cp.adminKubeconfig), { userAgent: "bashible-controller" });
 t.teardown(() => client.close());
 
+// The controller's client, through which a test can hold back the response to one Node write
+// (the write itself reaches the API server at once), as a busy machine delays a response.
+let holdWriteTo: { node: string; released: Promise<void>; written?: () => void } | undefined;
+const gated = Object.create(client) as KubeClient;
+gated.request = async <T>(method: string, p: string, opts?: Parameters<KubeClient["request"]>[2]) => {
+  const res = await client.request<T>(method, p, opts);
+  const hold = holdWriteTo;
+  if (hold && method === "PATCH" && p === `/api/v1/nodes/${hold.node}`) {
+    holdWriteTo = undefined;
+    hold.written?.();
+    await hold.released;
+  }
+  return res;
+};
+
 // The clock the controller sees: real time plus an offset the window test moves forward.
 let offset = 0;
+// What the controller's Node watch delivered, by Node: the latest object.
+const watched = new Map<string, KubeObject>();
 const controller = new UpdateController({
-  client,
+  client: gated,
+  onNodeEvent: (ev) => {
+    if (ev.type !== "SYNC") watched.set(ev.object.metadata.name, ev.object);
+  },
   log,
   now: () => Date.now() + offset,
   evictionRetryMs: 300,
@@ -207,6 +227,41 @@ t.test("nothing is approved while a node of the group is NotReady; a NotReady on
   await setReady(admin, "sick-3", true);
   await until("sick-1 approved once all are Ready", async () => (await ann("sick-1"))[K.approved] !== undefined);
   t.equal((await ann("sick-3"))[K.approved], undefined, "sick-3 finished and was cleared");
+});
+
+t.test("a write whose response comes after the watch showed it and a later change holds nothing", async (t) => {
+  await nodeGroup("late", { disruptions: { approvalMode: "Automatic" } });
+  const desired = await setGroupChecksum("late");
+  await createNode(admin, "late-1", "late");
+  let release = () => {};
+  const written = new Promise<void>((resolve) => {
+    holdWriteTo = { node: "late-1", released: new Promise((r) => (release = r)), written: resolve };
+  });
+  await annotate(admin, "late-1", { [K.waitingForApproval]: "" });
+  await written;
+  t.ok((await ann("late-1"))[K.approved] !== undefined, "the approval is written; its response is held");
+  // Someone else writes the Node at once (a label, an agent's annotation): a later change the
+  // watch delivers before the controller reads its write's response. It asks no decision of it.
+  t.teardown(() => release());
+  const later = await admin.request<KubeObject>("PATCH", "/api/v1/nodes/late-1", {
+    body: { metadata: { annotations: { "example.com/touched": "1" } } },
+  });
+  await until(
+    "the controller's watch to show the later change",
+    () => watched.get("late-1")?.metadata.resourceVersion === later.metadata.resourceVersion,
+  );
+  release();
+  // The pass that wrote the approval is still running: settled() waits for it to end.
+  await controller.settled();
+  t.same(
+    controller.pendingNodes.filter((n) => n === "late-1"),
+    [],
+    "no decision on late-1 waits for an event the watch delivered already",
+  );
+  await annotate(admin, "late-1", { [K.disruptionRequired]: "" });
+  await until("the disruption approved", async () => (await ann("late-1"))[K.disruptionApproved] !== undefined);
+  await annotate(admin, "late-1", { [K.checksum]: desired });
+  await until("cleared", async () => Object.keys(await ann("late-1")).every((k) => !k.startsWith("update.node")));
 });
 
 t.test("Manual: the node waits with disruption-required until the operator approves", async (t) => {
