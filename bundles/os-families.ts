@@ -394,6 +394,14 @@ export const FAMILY_PACKAGE_MANAGERS: Readonly<Record<BundleFamily, readonly Dis
 };
 
 /** Distribution units a role's packages start that a node must not run (the api proxy runs its own nginx). */
+/**
+ * Debian's policy-rc.d, and the line that marks the one the package step writes for the length
+ * of an install (steps/checks/deny-service-starts.sh): the step's next plan and
+ * cleanup_static_node.sh remove one an install that was killed left behind.
+ */
+export const POLICY_RC_D = "/usr/sbin/policy-rc.d";
+export const DENY_STARTS_MARKER = "# bashible: deny-service-starts";
+
 export const ROLE_UNITS_TO_DISABLE: Partial<Record<PackageRole, readonly string[]>> = {
   // Debian's nginx package enables and starts nginx.service on port 80 (Deckhouse disabled it
   // too): a node's port 80 belongs to its ingress controller.

@@ -17,10 +17,12 @@
 import { asset } from "../lib/assets.ts";
 import {
   type BundleFamily,
+  DENY_STARTS_MARKER,
   distroPackagesFor,
   FAMILY_PACKAGE_MANAGERS,
   HELD_ROLES,
   PACKAGE_MANAGERS,
+  POLICY_RC_D,
   type DistroPackageManager,
   type PackageManagerFacts,
   type PackageRole,
@@ -109,10 +111,6 @@ async function packageState(
   const held = new Set(pkgs.filter((p) => heldIn(list, p) || (host.sandbox && recorded.has(p))));
   return { installed, held };
 }
-
-/** Debian's policy-rc.d, and the line that marks the one deny-service-starts.sh writes. */
-export const POLICY_RC_D = "/usr/sbin/policy-rc.d";
-export const DENY_STARTS_MARKER = "# bashible: deny-service-starts";
 
 /** The units of roles whose packages this install brings that the step disables afterwards. */
 function unitsToDisable(roles: readonly PackageRole[], missing: readonly string[], family: BundleFamily): string[] {

@@ -7,9 +7,11 @@ import type { BundleContext, NodeGroupBundle, NodeUserSpec, RegistryPackageRef }
 import { CLEANUP_EMPTY_DIRS, CLEANUP_PATHS, defaultPackageRepository, NODE_USERS, PATHS } from "../../bundles/paths.ts";
 import { DECKHOUSE, DECKHOUSE_ONLY_PATHS, DECKHOUSE_ONLY_UNITS } from "../../bundles/deckhouse-node.ts";
 import {
+  DENY_STARTS_MARKER,
   DISTRO_PACKAGES,
   PACKAGE_MANAGERS,
   type PackageRole,
+  POLICY_RC_D,
   ROLE_PURGE_LEFTOVERS,
 } from "../../bundles/os-families.ts";
 import { BUILTIN_STEP_NAMES, CLEANUP_UNITS } from "../../bundles/steps/index.ts";
@@ -323,6 +325,8 @@ export function renderGroup(ng: NodeGroupObject, inputs: RenderInputs, nowMs: nu
     // What the operating-system steps recorded, for cleanup to undo (swap, distribution packages).
     swapRecord: PATHS.swapRecord,
     packagesRecord: PATHS.distroPackagesRecord,
+    policyRcD: POLICY_RC_D,
+    denyStartsMarker: DENY_STARTS_MARKER,
     packageManagers: cleanupPackageManagers(),
     // Only where the agent installed the role's packages.
     purgeLeftovers: Object.entries(ROLE_PURGE_LEFTOVERS).map(([role, l]) => ({

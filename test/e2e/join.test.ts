@@ -27,6 +27,7 @@ import { manualBootstrapData } from "../../cluster/server/bootstrap-secrets.ts";
 import type { RenderInputs } from "../../cluster/render/inputs.ts";
 import { EVENTS, NODE_KEYS } from "../../bundles/names.ts";
 import { PATHS } from "../../bundles/paths.ts";
+import { DENY_STARTS_MARKER, POLICY_RC_D } from "../../bundles/os-families.ts";
 import { FakeWatchdog } from "../../scripts/lib/watchdog.ts";
 import type { NodeDiff, NspawnNode } from "../../scripts/lib/nspawn-node.ts";
 import { GROUP, nodeGroup, nodeUser, NODE_USER, POD_SUBNET, sshPublicKey } from "../../scripts/lib/e2e/cluster.ts";
@@ -613,6 +614,9 @@ t.test(
       // Deckhouse's procedure: take the node out of the cluster, then clean the machine.
       await cp.kubectl(["drain", name, "--ignore-daemonsets", "--delete-emptydir-data", "--force", "--timeout=120s"]);
       await cp.kubectl(["delete", "node", name]);
+      // As if an install had been killed under the package step's policy-rc.d: cleanup takes it
+      // too (the machine diff below would show it).
+      await machine.writeFile(POLICY_RC_D, `#!/bin/sh\n${DENY_STARTS_MARKER}\nexit 101\n`);
       const bootsBefore = machine.boots;
       const vBefore = fifo.count("V");
       const run = await runScript(machine, "cleanup_static_node.sh", script, [CLEANUP_FLAG]);

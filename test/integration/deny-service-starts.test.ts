@@ -9,7 +9,7 @@ import { execFile } from "node:child_process";
 import { existsSync } from "node:fs";
 import { promisify } from "node:util";
 import { asset } from "../../lib/assets.ts";
-import { DENY_STARTS_MARKER, POLICY_RC_D } from "../../steps/distro-packages.ts";
+import { DENY_STARTS_MARKER, POLICY_RC_D } from "../../bundles/os-families.ts";
 
 const run = promisify(execFile);
 const skip =

@@ -10,7 +10,7 @@ import { stepEnv, OS_RELEASE } from "../fixtures/steps.ts";
 import type { BundleStep } from "../../bundles/types.ts";
 import { HOST_PREP, PATHS } from "../../bundles/paths.ts";
 import { distroPackagesFor, PACKAGE_ROLES } from "../../bundles/os-families.ts";
-import { DENY_STARTS_MARKER, POLICY_RC_D } from "../../steps/distro-packages.ts";
+import { DENY_STARTS_MARKER, POLICY_RC_D } from "../../bundles/os-families.ts";
 import { sysctlTuner } from "../../bundles/steps/sysctl-tuner.ts";
 import { withControlPlane } from "../../scripts/lib/control-plane-fixture.ts";
 import { bootstrapConnection } from "../../lib/kube/kubeconfig.ts";

@@ -11,11 +11,13 @@ import { RenderError } from "../../cluster/render/errors.ts";
 import { manualBootstrapData } from "../../cluster/server/bootstrap-secrets.ts";
 import type { NodeGroupObject, RenderInputs } from "../../cluster/render/inputs.ts";
 import {
+  DENY_STARTS_MARKER,
   DISTRO_PACKAGES,
   distroPackagesFor,
   familyOf,
   PACKAGE_MANAGERS,
   PACKAGE_ROLES,
+  POLICY_RC_D,
   UnknownOsError,
 } from "../../bundles/os-families.ts";
 import { CLEANUP_PATHS, HOST_PREP, MANDATORY_MODULES, PATHS } from "../../bundles/paths.ts";
@@ -246,6 +248,11 @@ t.test("cleanup_static_node.sh undoes the operating-system steps", async (t) => 
     t.match(script, m.remove.join(" "));
   }
   t.match(script, 'apt) apt-mark unhold "$@"', "held packages released first");
+  t.match(
+    script,
+    `if grep -qxF "${DENY_STARTS_MARKER}" ${POLICY_RC_D} 2>/dev/null; then rm -f ${POLICY_RC_D}; fi`,
+    "a policy-rc.d a killed install left goes, only one that carries the marker",
+  );
 });
 
 t.test("bootstrap.sh installs curl with the package managers' own commands when it is missing", async (t) => {
