@@ -219,6 +219,10 @@ export class UpdateController {
     if (ev.type === "SYNC") {
       this.pending.clear();
       this.seenRvs.clear();
+      for (const n of this.nodes.objects.values()) {
+        const rv = n.metadata.resourceVersion;
+        if (rv) this.seenRvs.set(n.metadata.name, [rv]);
+      }
     } else {
       const name = ev.object.metadata.name;
       if (ev.type === "DELETED") this.seenRvs.delete(name);
@@ -384,9 +388,7 @@ export class UpdateController {
       });
       const rv = res.metadata.resourceVersion;
       // Unless the watch already delivered it, hold decisions on this node until it does.
-      const cached = this.nodes.objects.get(n.name)?.metadata.resourceVersion;
-      if (rv && cached !== rv && !this.seenRvs.get(n.name)?.includes(rv))
-        this.pending.set(n.name, { rv, since: this.now() });
+      if (rv && !this.seenRvs.get(n.name)?.includes(rv)) this.pending.set(n.name, { rv, since: this.now() });
       return true;
     } catch (err) {
       if (isConflict(err)) {

@@ -31,7 +31,8 @@ import type { VmNode } from "../lib/vm-node.ts";
 import { NODE_KEYS } from "../../bundles/names.ts";
 import { PATHS } from "../../bundles/paths.ts";
 import { sleep } from "../../lib/sleep.ts";
-import { type EarlyOomKill, killLatency, THRASHER_EARLY_OOM, THRASHING, thrasherPod } from "../lib/e2e/thrasher.ts";
+import { earlyOomStatus, killLatency, THRASHER_EARLY_OOM, THRASHING, thrasherPod } from "../lib/e2e/thrasher.ts";
+import { percentile } from "../lib/stats.ts";
 import { until } from "../lib/until.ts";
 
 const { values } = parseArgs({
@@ -61,11 +62,6 @@ const median = (xs: number[]) => {
 };
 const sec = (ms: number) => `${(ms / 1000).toFixed(1)} s`;
 const msOf = (ms: number) => `${Math.round(ms)} ms`;
-/** The nearest-rank percentile. */
-const percentile = (xs: number[], p: number) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))] ?? Number.NaN;
-};
 const mb = (kb: number) => `${(kb / 1024).toFixed(1)} MB`;
 
 if (process.getuid?.() !== 0) {
@@ -230,12 +226,7 @@ try {
   // ---------- 4. early OOM in pods
   if (only.has("oom")) {
     const cp = cluster.cp;
-    const earlyOom = async () =>
-      JSON.parse(await sh(machine, "curl -sS --max-time 5 http://127.0.0.1:9650/early-oom")) as {
-        config?: { fullStallPercent?: number };
-        actions?: { kill?: number };
-        lastAction?: EarlyOomKill;
-      };
+    const earlyOom = () => earlyOomStatus(machine);
     const podPath = (n: string) => `/api/v1/namespaces/default/pods/${n}`;
     const onset: number[] = [];
     const beyond: number[] = [];
@@ -272,7 +263,8 @@ try {
         300_000,
         250,
       );
-      const a = s.lastAction as EarlyOomKill;
+      const a = s.lastAction;
+      if (!a) throw new Error(`run ${i + 1}: early OOM counted a kill but reports no action`);
       if (a.uid !== uid) throw new Error(`run ${i + 1}: early OOM killed ${a.pod} (${a.uid}), not ${name}`);
       const l = killLatency(a, THRASHER_EARLY_OOM.durationMs);
       onset.push(l.onsetMs);

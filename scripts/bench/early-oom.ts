@@ -22,6 +22,7 @@
 //    this machine's real /proc and cgroups. CPU per minute from /proc/<pid>/stat (utime +
 //    stime) and schedstat, from 60 s to the end (at least 2 min); RSS at 60 s and at the end
 //    (10 min by default).
+import { percentile } from "../lib/stats.ts";
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { randomUUID } from "node:crypto";
 import { existsSync } from "node:fs";
@@ -68,10 +69,7 @@ if (!values["skip-idle"] && IDLE - WARMUP < 120)
     `--idle-seconds must be at least ${WARMUP + 120}: CPU is measured over at least 2 minutes after 60 s`,
   );
 
-const pct = (xs: number[], p: number) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s[Math.min(s.length - 1, Math.ceil((p / 100) * s.length) - 1)] ?? Number.NaN;
-};
+const pct = percentile;
 const median = (xs: number[]) => pct(xs, 50);
 const ms = (x: number) => `${x.toFixed(1)} ms`;
 const report: string[] = [];

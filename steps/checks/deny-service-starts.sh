@@ -13,11 +13,7 @@ services=$1
 shift
 policy=/usr/sbin/policy-rc.d
 marker="# bashible: deny-service-starts"
-ours=false
 if [ ! -e "$policy" ] && [ ! -L "$policy" ] || grep -qxF "$marker" "$policy" 2>/dev/null; then
-  ours=true
-fi
-if $ours; then
   tmp="$policy.bashible.$$"
   trap 'rm -f "$tmp" "$policy"' EXIT
   trap 'exit 130' INT

@@ -478,21 +478,19 @@ t.test(
             }[];
           };
         };
-        const pod = (ns: string, n: string, spec: Record<string, unknown>) => e2ePod(name, ns, n, spec);
-        const container = e2eContainer;
         const pods = [
-          pod("default", "eo-calm", {
+          e2ePod(name, "default", "eo-calm", {
             containers: [
-              container("exec sleep 3600", {
+              e2eContainer("exec sleep 3600", {
                 requests: { cpu: "50m", memory: "32Mi" },
                 limits: { cpu: "50m", memory: "32Mi" },
               }),
             ],
           }),
-          pod("kube-system", "eo-critical", {
+          e2ePod(name, "kube-system", "eo-critical", {
             priorityClassName: "system-node-critical",
             containers: [
-              container("head -c 41943040 /dev/zero >/dev/shm/held && exec sleep 3600", {
+              e2eContainer("head -c 41943040 /dev/zero >/dev/shm/held && exec sleep 3600", {
                 requests: { memory: "8Mi" },
               }),
             ],

@@ -3,6 +3,7 @@
 // below the 160 MiB file its eight readers keep re-reading, so its cgroup thrashes on page-cache
 // refaults and the stall shows in the node's /proc/pressure/memory. It keeps a marker in its
 // emptyDir: restarted after a kill (restartPolicy Always) it stays calm, so one pod is one kill.
+import type { NspawnNode } from "../nspawn-node.ts";
 import { BUSYBOX_IMAGE } from "./images.ts";
 
 /** What the thrasher prints once its file is written and its readers start. */
@@ -69,6 +70,19 @@ export interface EarlyOomKill {
   trigger: string;
   result?: string;
   figures: { heldSeconds?: number };
+}
+
+/** What the agent's early OOM endpoint (the metrics listener's /early-oom) says on a machine. */
+export interface EarlyOomStatus {
+  enabled?: boolean;
+  config?: { fullStallPercent?: number };
+  actions?: { kill?: number };
+  lastAction?: EarlyOomKill;
+}
+
+export async function earlyOomStatus(machine: Pick<NspawnNode, "mustExec">): Promise<EarlyOomStatus> {
+  const r = await machine.mustExec(["curl", "-sS", "--max-time", "5", "http://127.0.0.1:9650/early-oom"]);
+  return JSON.parse(r.stdout) as EarlyOomStatus;
 }
 
 /**
